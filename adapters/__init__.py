@@ -1,0 +1,1 @@
+"""Transports and host bridges: the simulated ``memory`` network and ``tcp``."""

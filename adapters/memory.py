@@ -1,0 +1,273 @@
+"""The ``memory`` transport: an in-process simulated network.
+
+Every node of a simulation gets an endpoint of one :class:`MemoryNetwork`.
+Delivery is decided by the seeded :class:`~ketten.adapters._netmodel.NetworkModel`
+(latency, jitter, loss, duplication, reordering, partitions) and carried out
+with ``trio.sleep``, so under ``trio.testing.MockClock(autojump_threshold=0)``
+thousands of nodes run in virtual time. Peers are authenticated by
+construction: the network knows which identity owns each endpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from ketten import Identity, hookimpl
+from ketten.errors import ConfigError, KettenError, PeerUnreachable, RemoteError, UsageError
+from ketten.interfaces import Handler, Peer, Reply
+
+from ._netmodel import Faults, NetworkModel, NetworkStatistics
+
+if TYPE_CHECKING:
+    from ketten import Node
+
+__all__ = ["Faults", "MemoryNetwork", "MemoryTransport", "NetworkStatistics", "TransportStatistics"]
+
+
+@attrs.frozen
+class TransportStatistics:
+    """Counters of one transport endpoint."""
+
+    requests_sent: int
+    replies_received: int
+    messages_sent: int
+    requests_received: int
+    messages_received: int
+    error_replies_sent: int
+    bytes_sent: int
+    bytes_received: int
+
+
+@attrs.define(eq=False)
+class _ReplySlot:
+    done: trio.Event = attrs.field(factory=trio.Event)
+    outcome: Reply | KettenError | None = None
+
+
+@attrs.define(eq=False)
+class MemoryNetwork:
+    """A simulated network shared by the endpoints of one simulation.
+
+    ``faults`` can be replaced at any time; :meth:`cut` and :meth:`heal`
+    make and undo partitions between sets of addresses.
+    """
+
+    seed: int = 0
+    faults: Faults = attrs.field(factory=Faults)
+    _model: NetworkModel = attrs.field(init=False)
+    _endpoints: dict[str, MemoryTransport] = attrs.field(factory=dict, init=False)
+    _next_address: int = attrs.field(default=0, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._model = NetworkModel(self.faults, self.seed)
+
+    def set_faults(self, faults: Faults) -> None:
+        """Change how links behave from now on."""
+        self.faults = faults
+        self._model.faults = faults
+
+    def endpoint(self, identity: Identity, address: str | None = None) -> MemoryTransport:
+        """A new endpoint owned by ``identity``; it is reachable once it serves."""
+        if address is None:
+            self._next_address += 1
+            address = f"mem:{self._next_address}"
+        return MemoryTransport(network=self, identity=identity, address=address)
+
+    def cut(self, group: Iterable[str], other: Iterable[str] | None = None) -> None:
+        """Partition ``group`` from ``other`` (default: from everyone else)."""
+        self._model.cut(group, other)
+
+    def heal(self, group: Iterable[str] | None = None) -> None:
+        """Undo the cuts made for ``group`` (default: all of them)."""
+        self._model.heal(group)
+
+    def is_cut(self, src: str, dst: str) -> bool:
+        return self._model.is_cut(src, dst)
+
+    def addresses(self) -> list[str]:
+        """Addresses of the endpoints that are serving now."""
+        return list(self._endpoints)
+
+    def statistics(self) -> NetworkStatistics:
+        return self._model.statistics()
+
+    # -- driver ------------------------------------------------------------
+
+    def _attach(self, endpoint: MemoryTransport) -> None:
+        if endpoint.address in self._endpoints:
+            raise UsageError(f"address {endpoint.address} is already serving on this network")
+        self._endpoints[endpoint.address] = endpoint
+
+    def _detach(self, endpoint: MemoryTransport) -> None:
+        if self._endpoints.get(endpoint.address) is endpoint:
+            del self._endpoints[endpoint.address]
+
+    def _transmit(self, src: MemoryTransport, dst_address: str, kind: str, req_id: int,
+                  data: bytes) -> None:
+        dst = self._endpoints.get(dst_address)
+        if dst is None:
+            if kind == "request":
+                # Like a refused connection: the sender learns it after one hop.
+                src._spawn(src._refused, self.faults.latency, req_id, dst_address)
+            return
+        for delay in self._model.route(src.address, dst_address):
+            dst._spawn(dst._arrive, delay, src.peer, kind, req_id, data)
+
+    def _transmit_reply(self, src: MemoryTransport, dst_address: str, req_id: int,
+                        outcome: bytes | tuple[str, str]) -> None:
+        dst = self._endpoints.get(dst_address)
+        if dst is None:
+            return
+        for delay in self._model.route(src.address, dst_address):
+            dst._spawn(dst._reply_arrives, delay, src.peer, req_id, outcome)
+
+
+@attrs.define(eq=False)
+class MemoryTransport:
+    """One endpoint of a :class:`MemoryNetwork` (a :class:`~ketten.interfaces.Transport`)."""
+
+    _network: MemoryNetwork = attrs.field(alias="network")
+    _identity: Identity = attrs.field(alias="identity")
+    _address: str = attrs.field(alias="address")
+    _handler: Handler | None = attrs.field(default=None, init=False)
+    _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
+    _pending: dict[int, _ReplySlot] = attrs.field(factory=dict, init=False)
+    _next_id: int = attrs.field(default=0, init=False)
+    _peer: Peer = attrs.field(init=False)
+    _counts: dict[str, int] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._peer = Peer(self._address, self._identity.public_key)
+        self._counts = dict.fromkeys(attrs.fields_dict(TransportStatistics), 0)
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    @property
+    def peer(self) -> Peer:
+        return self._peer
+
+    async def serve(
+        self, handler: Handler, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        if self._nursery is not None:
+            raise UsageError(f"{self._address} is already serving")
+        self._network._attach(self)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._handler = handler
+                self._nursery = nursery
+                task_status.started(self._address)
+                await trio.sleep_forever()
+        finally:
+            self._network._detach(self)
+            self._nursery = None
+            self._handler = None
+            for slot in self._pending.values():
+                slot.outcome = PeerUnreachable(f"{self._address} stopped serving")
+                slot.done.set()
+            self._pending.clear()
+
+    async def request(self, address: str, data: bytes) -> Reply:
+        if self._nursery is None:
+            raise UsageError(f"{self._address} must be serving to send requests")
+        self._next_id += 1
+        req_id = self._next_id
+        slot = _ReplySlot()
+        self._pending[req_id] = slot
+        self._counts["requests_sent"] += 1
+        self._counts["bytes_sent"] += len(data)
+        try:
+            self._network._transmit(self, address, "request", req_id, data)
+            await slot.done.wait()
+        finally:
+            self._pending.pop(req_id, None)
+        outcome = slot.outcome
+        if isinstance(outcome, KettenError):
+            raise outcome
+        assert outcome is not None
+        return outcome
+
+    async def send(self, address: str, data: bytes) -> None:
+        if self._nursery is None:
+            raise UsageError(f"{self._address} must be serving to send messages")
+        self._counts["messages_sent"] += 1
+        self._counts["bytes_sent"] += len(data)
+        self._network._transmit(self, address, "message", 0, data)
+        await trio.lowlevel.checkpoint()
+
+    def statistics(self) -> TransportStatistics:
+        return TransportStatistics(**self._counts)
+
+    # -- driver side -------------------------------------------------------
+
+    def _spawn(self, fn: Any, *args: Any) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(fn, *args)
+
+    async def _arrive(self, delay: float, peer: Peer, kind: str, req_id: int, data: bytes) -> None:
+        await trio.sleep(delay)
+        handler = self._handler
+        if handler is None:
+            return
+        self._counts["bytes_received"] += len(data)
+        if kind == "message":
+            self._counts["messages_received"] += 1
+            await handler.handle_message(peer, data)
+            return
+        self._counts["requests_received"] += 1
+        outcome: bytes | tuple[str, str]
+        try:
+            outcome = await handler.handle_request(peer, data)
+        except KettenError as exc:
+            self._counts["error_replies_sent"] += 1
+            outcome = (type(exc).__name__, str(exc))
+        else:
+            self._counts["bytes_sent"] += len(outcome)
+        self._network._transmit_reply(self, peer.address, req_id, outcome)
+
+    async def _reply_arrives(self, delay: float, peer: Peer, req_id: int,
+                             outcome: bytes | tuple[str, str]) -> None:
+        await trio.sleep(delay)
+        slot = self._pending.get(req_id)
+        if slot is None or slot.done.is_set():
+            return  # late, duplicated or abandoned
+        self._counts["replies_received"] += 1
+        if isinstance(outcome, tuple):
+            slot.outcome = RemoteError(*outcome)
+        else:
+            self._counts["bytes_received"] += len(outcome)
+            slot.outcome = Reply(peer, outcome)
+        slot.done.set()
+
+    async def _refused(self, delay: float, req_id: int, address: str) -> None:
+        await trio.sleep(delay)
+        slot = self._pending.get(req_id)
+        if slot is not None and not slot.done.is_set():
+            slot.outcome = PeerUnreachable(f"nothing is serving at {address}")
+            slot.done.set()
+
+
+@hookimpl
+def ketten_plugin_names() -> Mapping[str, list[str]]:
+    return {"transport": ["memory"]}
+
+
+@hookimpl
+def ketten_make_transport(name: str, options: Mapping[str, Any], node: Node) -> MemoryTransport | None:
+    if name != "memory":
+        return None
+    network = options.get("network")
+    if not isinstance(network, MemoryNetwork):
+        raise ConfigError(
+            "the memory transport needs the option 'network' (a ketten.adapters.memory.MemoryNetwork)"
+        )
+    address = options.get("address")
+    if address is not None and not isinstance(address, str):
+        raise ConfigError(f"transport option 'address' must be a string, got {address!r}")
+    return network.endpoint(node.identity, address)

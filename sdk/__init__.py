@@ -1,0 +1,105 @@
+"""ketten: an embeddable, decentralized event system for trio programs.
+
+Applications publish events under criteria; each criterion is a signed,
+hash-linked chain replicated on the overlay nodes closest to its key.
+"""
+
+from __future__ import annotations
+
+from . import errors, hookspecs, interfaces
+from ._chain import (
+    AncestorSearch,
+    Chain,
+    Fork,
+    Placement,
+    Verify,
+    WriterPolicy,
+    check_successor,
+    choose_branch,
+    classify,
+    highest_match,
+    make_locator,
+    scan_encoded_chain,
+)
+from ._config import NodeConfig
+from ._event import DEFAULT_MAX_EVENT_SIZE, Event
+from ._identity import Identity, criterion_key, node_id_of, verify_signature
+from ._node import Node, NodeStatistics, open_node
+from ._plugins import installed_names, plugin_manager
+from .errors import (
+    BrokenLink,
+    CommandIdReused,
+    ConfigError,
+    DecodeError,
+    InternalError,
+    InvalidEvent,
+    InvalidSignature,
+    KettenError,
+    PeerUnreachable,
+    PluginNotFound,
+    ProtocolError,
+    QuorumUnavailable,
+    RemoteError,
+    StoreConflict,
+    StoreCorrupted,
+    StoreError,
+    StoreFormatError,
+    Unavailable,
+    UsageError,
+    WriterNotAllowed,
+)
+from .hookspecs import hookimpl
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEFAULT_MAX_EVENT_SIZE",
+    "AncestorSearch",
+    "BrokenLink",
+    "Chain",
+    "CommandIdReused",
+    "ConfigError",
+    "DecodeError",
+    "Event",
+    "Fork",
+    "Identity",
+    "InternalError",
+    "InvalidEvent",
+    "InvalidSignature",
+    "KettenError",
+    "Node",
+    "NodeConfig",
+    "NodeStatistics",
+    "PeerUnreachable",
+    "Placement",
+    "PluginNotFound",
+    "ProtocolError",
+    "QuorumUnavailable",
+    "RemoteError",
+    "StoreConflict",
+    "StoreCorrupted",
+    "StoreError",
+    "StoreFormatError",
+    "Unavailable",
+    "UsageError",
+    "Verify",
+    "WriterNotAllowed",
+    "WriterPolicy",
+    "__version__",
+    "check_successor",
+    "choose_branch",
+    "classify",
+    "criterion_key",
+    "errors",
+    "highest_match",
+    "hookimpl",
+    "hookspecs",
+    "installed_names",
+    "interfaces",
+    "make_locator",
+    "node_id_of",
+    "open_node",
+    "plugin_manager",
+    "scan_encoded_chain",
+    "verify_signature",
+]

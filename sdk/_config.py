@@ -1,0 +1,63 @@
+"""Node configuration."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from ._event import DEFAULT_MAX_EVENT_SIZE
+from ._identity import Identity
+from .errors import ConfigError
+
+__all__ = ["NodeConfig"]
+
+
+def _positive_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if type(value) is not int or value < 1:
+        raise ConfigError(f"{attribute.name} must be a positive integer, got {value!r}")
+
+
+def _positive_number(_: object, attribute: attrs.Attribute[float], value: float) -> None:
+    if not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"{attribute.name} must be a positive number, got {value!r}")
+
+
+def _plugin_name(_: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ConfigError(f"{attribute.name} must be a plugin name, got {value!r}")
+
+
+def _options(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
+        raise ConfigError(f"{attribute.name} must map plugin kinds to option mappings")
+
+
+@attrs.frozen
+class NodeConfig:
+    """Everything a node is built from. Plugins are chosen by name.
+
+    ``options`` maps a plugin kind (``"transport"``, ``"store"``, ...) to the
+    options handed to that plugin's factory, e.g.
+    ``{"transport": {"network": net}, "store": {"path": "data/"}}``.
+    Invalid values raise :class:`~ketten.errors.ConfigError`.
+    """
+
+    transport: str = attrs.field(default="memory", validator=_plugin_name)
+    store: str = attrs.field(default="memory", validator=_plugin_name)
+    overlay: str | None = attrs.field(default=None, validator=_plugin_name)
+    clock: str | None = attrs.field(default=None, validator=_plugin_name)
+    delivery: str = attrs.field(default="chain", validator=_plugin_name)
+    identity: Identity | None = None
+    replication: int = attrs.field(default=3, validator=_positive_int)
+    """``r``: how many brokers hold each chain (network-wide)."""
+    max_event_size: int = attrs.field(default=DEFAULT_MAX_EVENT_SIZE, validator=_positive_int)
+    sync_batch_bytes: int = attrs.field(default=1 << 20, validator=_positive_int)
+    """Upper bound on the events returned by one sync request, in bytes."""
+    request_timeout: float = attrs.field(default=5.0, validator=_positive_number)
+    """Seconds to wait for one peer's reply before giving up on it."""
+    options: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict, validator=_options)
+
+    def options_for(self, kind: str) -> Mapping[str, Any]:
+        return self.options.get(kind, {})

@@ -1,0 +1,393 @@
+"""The node: composition root that owns a nursery, the plugins and the services."""
+
+from __future__ import annotations
+
+import time as _time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import pluggy
+import trio
+
+from ._chain import Verify, WriterPolicy, check_successor
+from ._config import NodeConfig
+from ._event import Event
+from ._identity import Identity
+from ._plugins import make_plugin, plugin_manager
+from ._wire import decode_message, encode_message, field
+from .errors import (
+    BrokenLink,
+    DecodeError,
+    KettenError,
+    PeerUnreachable,
+    ProtocolError,
+    UsageError,
+)
+from .interfaces import Clock, Overlay, Peer, Store, Transport
+
+__all__ = ["Node", "NodeStatistics", "open_node"]
+
+Service = Callable[[Peer, Any], Awaitable[Any]]
+MessageService = Callable[[Peer, Any], Awaitable[None]]
+
+
+@attrs.frozen
+class NodeStatistics:
+    """A snapshot of a node's counters (see :meth:`Node.statistics`)."""
+
+    address: str
+    node_id: str
+    events_appended: int
+    events_received: int
+    invalid_events: int
+    requests_served: int
+    requests_refused: int
+    decode_errors: int
+    transport: Any
+
+
+@attrs.define(eq=False)
+class Node:
+    """A ketten node. Build one with :func:`open_node`; it is only usable inside it."""
+
+    config: NodeConfig
+    identity: Identity
+    plugins: pluggy.PluginManager
+    _transport: Transport | None = attrs.field(default=None, init=False)
+    _store: Store | None = attrs.field(default=None, init=False)
+    _overlay: Overlay | None = attrs.field(default=None, init=False)
+    _clock: Clock | None = attrs.field(default=None, init=False)
+    _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
+    _address: str | None = attrs.field(default=None, init=False)
+    _services: dict[str, Service] = attrs.field(factory=dict, init=False)
+    _message_services: dict[str, MessageService] = attrs.field(factory=dict, init=False)
+    _policies: dict[bytes, WriterPolicy] = attrs.field(factory=dict, init=False)
+    _locks: dict[bytes, trio.Lock] = attrs.field(factory=dict, init=False)
+    _counts: dict[str, int] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._counts = {
+            "events_appended": 0,
+            "events_received": 0,
+            "invalid_events": 0,
+            "requests_served": 0,
+            "requests_refused": 0,
+            "decode_errors": 0,
+        }
+        self.register_service("chain", self._serve_chain)
+
+    # -- components --------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        """Where peers reach this node."""
+        if self._address is None:
+            raise UsageError("the node is not serving yet")
+        return self._address
+
+    @property
+    def transport(self) -> Transport:
+        assert self._transport is not None
+        return self._transport
+
+    @property
+    def store(self) -> Store:
+        assert self._store is not None
+        return self._store
+
+    @property
+    def overlay(self) -> Overlay | None:
+        return self._overlay
+
+    @property
+    def clock(self) -> Clock | None:
+        return self._clock
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        """The node's nursery: services started here end when the node closes."""
+        if self._nursery is None:
+            raise UsageError("the node is not open")
+        return self._nursery
+
+    def statistics(self) -> NodeStatistics:
+        """A frozen snapshot of this node's counters."""
+        return NodeStatistics(
+            address=self._address or "",
+            node_id=self.identity.node_id.hex(),
+            transport=self._transport.statistics() if self._transport else None,
+            **self._counts,
+        )
+
+    # -- services ----------------------------------------------------------
+
+    def register_service(self, name: str, handler: Service) -> None:
+        """Answer requests addressed to ``name`` with ``handler(peer, body)``.
+
+        Raises :class:`~ketten.errors.UsageError` if the name is taken.
+        """
+        if name in self._services:
+            raise UsageError(f"service {name!r} is already registered")
+        self._services[name] = handler
+
+    def register_message_service(self, name: str, handler: MessageService) -> None:
+        """Take one-way messages addressed to ``name`` with ``handler(peer, body)``."""
+        if name in self._message_services:
+            raise UsageError(f"message service {name!r} is already registered")
+        self._message_services[name] = handler
+
+    async def call(self, address: str, service: str, body: Any, *,
+                   timeout: float | None = None) -> Any:
+        """Send a request to ``service`` at ``address`` and return the reply body.
+
+        Raises :class:`~ketten.errors.PeerUnreachable` (refused, or no reply
+        within ``timeout``, default ``config.request_timeout``),
+        :class:`~ketten.errors.RemoteError` (the peer answered with an error),
+        :class:`~ketten.errors.DecodeError` (the reply is malformed).
+        """
+        limit = self.config.request_timeout if timeout is None else timeout
+        with trio.move_on_after(limit):
+            reply = await self.transport.request(address, encode_message(service, body))
+            name, reply_body = decode_message(reply.data)
+            if name != service:
+                raise ProtocolError(f"{address} answered a {service!r} request as {name!r}")
+            return reply_body
+        raise PeerUnreachable(f"no reply from {address} within {limit} s")
+
+    async def notify(self, address: str, service: str, body: Any) -> None:
+        """Send a one-way message to ``service`` at ``address`` (it may be lost)."""
+        await self.transport.send(address, encode_message(service, body))
+
+    async def handle_request(self, peer: Peer, data: bytes) -> bytes:
+        try:
+            service, body = decode_message(data)
+        except DecodeError:
+            self._counts["decode_errors"] += 1
+            raise
+        handler = self._services.get(service)
+        if handler is None:
+            self._counts["requests_refused"] += 1
+            raise ProtocolError(f"unknown service {service!r}")
+        try:
+            answer = await handler(peer, body)
+        except KettenError:
+            self._counts["requests_refused"] += 1
+            raise
+        self._counts["requests_served"] += 1
+        return encode_message(service, answer)
+
+    async def handle_message(self, peer: Peer, data: bytes) -> None:
+        try:
+            service, body = decode_message(data)
+        except DecodeError:
+            self._counts["decode_errors"] += 1
+            return
+        handler = self._message_services.get(service)
+        if handler is None:
+            self._counts["requests_refused"] += 1
+            return
+        try:
+            await handler(peer, body)
+        except KettenError:
+            self._counts["requests_refused"] += 1
+
+    # -- local chains ------------------------------------------------------
+
+    def _lock(self, criterion: bytes) -> trio.Lock:
+        lock = self._locks.get(criterion)
+        if lock is None:
+            lock = self._locks[criterion] = trio.Lock()
+        return lock
+
+    async def policy(self, criterion: bytes) -> WriterPolicy | None:
+        """The writer policy of a stored chain, or ``None`` if there is no genesis."""
+        policy = self._policies.get(criterion)
+        if policy is None:
+            first = await self.store.range(criterion, 0, 1)
+            if not first:
+                return None
+            policy = self._policies[criterion] = WriterPolicy.of(first[0])
+        return policy
+
+    async def append_local(
+        self,
+        criterion: bytes,
+        payload: bytes,
+        *,
+        command: int | None = None,
+        writers: Sequence[bytes] | None = None,
+    ) -> Event:
+        """Sign an event on the local head of ``criterion`` and store it here only.
+
+        ``writers`` (genesis only) restricts who may append. Raises
+        :class:`~ketten.errors.UsageError` for bad arguments and
+        :class:`~ketten.errors.InvalidEvent` if this node may not write.
+        """
+        if type(criterion) is not bytes or len(criterion) != 32:
+            raise UsageError("criterion must be a 32-byte key (see ketten.criterion_key)")
+        async with self._lock(criterion):
+            head = await self.store.head(criterion)
+            if writers is not None and head is not None:
+                raise UsageError("writers can only be declared by the genesis of a chain")
+            event = Event.create(
+                self.identity,
+                criterion=criterion,
+                seq=0 if head is None else head.seq + 1,
+                prev=None if head is None else head.hash,
+                payload=payload,
+                time=int(_time.time() * 1000),
+                command=command,
+                clock=self._clock.stamp() if self._clock is not None else b"",
+                writers=writers,
+            )
+            await self._store_checked([event])
+            return event
+
+    async def store_events(self, events: Sequence[Event], *, verify: Verify = Verify.FULL) -> int:
+        """Validate events of one chain against the stored head and store the new ones.
+
+        Events already stored are skipped. Returns how many were added.
+        Raises :class:`~ketten.errors.InvalidEvent` for an event that breaks
+        the chain rules (nothing after it is stored).
+        """
+        if not events:
+            return 0
+        criterion = events[0].criterion
+        async with self._lock(criterion):
+            head = await self.store.head(criterion)
+            fresh = [e for e in events if head is None or e.seq > head.seq]
+            if not fresh:
+                return 0
+            await self._store_checked(fresh, head=head, verify=verify)
+            return len(fresh)
+
+    async def _store_checked(self, events: Sequence[Event], *, head: Event | None = None,
+                             verify: Verify = Verify.FULL) -> None:
+        criterion = events[0].criterion
+        if head is None:
+            head = await self.store.head(criterion)
+        policy = await self.policy(criterion)
+        prev = head
+        try:
+            for event in events:
+                if event.criterion != criterion:
+                    raise BrokenLink("a batch may only hold events of one criterion")
+                check_successor(prev, event, policy=policy, verify=verify)
+                if event.seq == 0:
+                    policy = WriterPolicy.of(event)
+                prev = event
+        except KettenError:
+            self._counts["invalid_events"] += 1
+            raise
+        await self.store.append(events)
+        if policy is not None:
+            self._policies[criterion] = policy
+        self._counts["events_appended"] += len(events)
+        for event in events:
+            self.plugins.hook.ketten_event_appended(node=self, event=event)
+
+    async def pull(self, address: str, criterion: bytes) -> int:
+        """Fetch what ``address`` has of ``criterion`` beyond the local head.
+
+        Every event is verified before it is stored. Returns how many events
+        were added. Raises :class:`~ketten.errors.PeerUnreachable`,
+        :class:`~ketten.errors.RemoteError`, :class:`~ketten.errors.DecodeError`
+        or :class:`~ketten.errors.InvalidEvent` (the peer's chain does not
+        extend ours).
+        """
+        added = 0
+        while True:
+            head = await self.store.head(criterion)
+            next_seq = 0 if head is None else head.seq + 1
+            body = await self.call(address, "chain", {
+                "op": "after", "c": criterion, "seq": next_seq,
+                "max_bytes": self.config.sync_batch_bytes,
+            })
+            raw_events = field(body, "events", list, where="chain reply")
+            more = field(body, "more", bool, where="chain reply")
+            events = []
+            for raw in raw_events:
+                if type(raw) is not bytes:
+                    raise DecodeError("events must be byte strings", where="chain reply")
+                events.append(Event.from_bytes(raw, max_size=self.config.max_event_size))
+            self._counts["events_received"] += len(events)
+            if events and events[0].criterion != criterion:
+                raise ProtocolError(f"{address} answered with events of another criterion")
+            added += await self.store_events(events)
+            if not more or not events:
+                return added
+
+    async def _serve_chain(self, peer: Peer, body: Any) -> Any:
+        op = field(body, "op", str, where="chain request")
+        criterion = field(body, "c", bytes, where="chain request")
+        if op == "head":
+            head = await self.store.head(criterion)
+            return None if head is None else [head.seq, head.hash]
+        if op == "after":
+            seq = field(body, "seq", int, where="chain request")
+            budget = min(field(body, "max_bytes", int, where="chain request"),
+                         self.config.sync_batch_bytes)
+            out: list[bytes] = []
+            used = 0
+            start = max(seq, 0)
+            more = False
+            while True:
+                batch = await self.store.range(criterion, start, start + 256)
+                for event in batch:
+                    raw = event.to_bytes()
+                    if out and used + len(raw) > budget:
+                        more = True
+                        break
+                    out.append(raw)
+                    used += len(raw)
+                if more or len(batch) < 256:
+                    break
+                start += 256
+            return {"events": out, "more": more}
+        raise ProtocolError(f"unknown chain operation {op!r}")
+
+
+@asynccontextmanager
+async def open_node(
+    config: NodeConfig | None = None, *, plugins: pluggy.PluginManager | None = None
+) -> AsyncIterator[Node]:
+    """Open a node: build its plugins by name, open its store, serve, join.
+
+    ``plugins`` lets many nodes share one plugin manager (see
+    :func:`ketten.plugin_manager`); by default the installed plugins are
+    discovered. Leaving the block cancels the node's tasks and closes its
+    store. Raises :class:`~ketten.errors.PluginNotFound` for unknown plugin
+    names and :class:`~ketten.errors.ConfigError` for bad options.
+    """
+    config = config if config is not None else NodeConfig()
+    pm = plugins if plugins is not None else plugin_manager()
+    identity = config.identity if config.identity is not None else Identity.generate()
+    node = Node(config, identity, pm)
+    node._store = make_plugin(pm, "store", config.store, config.options_for("store"), node)
+    node._transport = make_plugin(
+        pm, "transport", config.transport, config.options_for("transport"), node
+    )
+    if config.clock is not None:
+        node._clock = make_plugin(pm, "clock", config.clock, config.options_for("clock"), node)
+    await node.store.open()
+    try:
+        async with trio.open_nursery() as nursery:
+            node._nursery = nursery
+            node._address = await nursery.start(node.transport.serve, node)
+            if config.overlay is not None:
+                node._overlay = make_plugin(
+                    pm, "overlay", config.overlay, config.options_for("overlay"), node
+                )
+                await nursery.start(node._overlay.run)
+            pm.hook.ketten_node_started(node=node)
+            try:
+                yield node
+            finally:
+                pm.hook.ketten_node_stopping(node=node)
+                nursery.cancel_scope.cancel()
+    finally:
+        node._nursery = None
+        with trio.CancelScope(shield=True):
+            await node.store.aclose()

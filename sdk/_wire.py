@@ -1,0 +1,36 @@
+"""The node's message envelope: ``[service, body]`` in canonical CBOR."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _codec
+from .errors import DecodeError
+
+__all__ = ["MAX_MESSAGE_SIZE", "decode_message", "encode_message"]
+
+MAX_MESSAGE_SIZE = 4 << 20
+
+
+def encode_message(service: str, body: Any) -> bytes:
+    return _codec.dumps([service, body])
+
+
+def decode_message(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> tuple[str, Any]:
+    """Split an envelope. Raises :class:`~ketten.errors.DecodeError`."""
+    value = _codec.loads(data, max_size=max_size, where="message")
+    if type(value) is not list or len(value) != 2 or type(value[0]) is not str:
+        raise DecodeError("expected [service, body]", where="message")
+    return value[0], value[1]
+
+
+def field(body: Any, name: str, kind: type | tuple[type, ...], *, where: str) -> Any:
+    """``body[name]``, checked to be of ``kind``. Raises :class:`DecodeError`."""
+    if type(body) is not dict:
+        raise DecodeError("expected a map", where=where)
+    if name not in body:
+        raise DecodeError(f"missing field {name!r}", where=where)
+    value = body[name]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+        raise DecodeError(f"field {name!r} has the wrong type {type(value).__name__}", where=where)
+    return value

@@ -1,0 +1,177 @@
+"""Every error ketten raises, grouped by whose fault it is.
+
+========================  ==============================================
+base class                meaning
+========================  ==============================================
+:class:`InternalError`    a bug in ketten or in a plugin
+:class:`UsageError`       bad input or configuration from the application
+:class:`DecodeError`      malformed bytes (from a peer, a file or a caller)
+:class:`InvalidEvent`     a well-formed event that breaks a chain rule
+:class:`ProtocolError`    a peer broke the wire protocol
+:class:`Unavailable`      not enough of the network could be reached
+:class:`StoreError`       the local store refused or is damaged
+========================  ==============================================
+
+All of them derive from :class:`KettenError`, so ``except ketten.KettenError``
+catches everything ketten raises on purpose.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BrokenLink",
+    "CommandIdReused",
+    "ConfigError",
+    "DecodeError",
+    "InternalError",
+    "InvalidEvent",
+    "InvalidSignature",
+    "KettenError",
+    "PeerUnreachable",
+    "PluginNotFound",
+    "ProtocolError",
+    "QuorumUnavailable",
+    "RemoteError",
+    "StoreConflict",
+    "StoreCorrupted",
+    "StoreError",
+    "StoreFormatError",
+    "Unavailable",
+    "UsageError",
+    "WriterNotAllowed",
+]
+
+
+class KettenError(Exception):
+    """Base class of every error ketten raises on purpose."""
+
+
+class InternalError(KettenError):
+    """A bug in ketten or in a plugin: an invariant did not hold. Please report it."""
+
+
+class UsageError(KettenError, ValueError):
+    """The application passed something ketten cannot accept."""
+
+
+class ConfigError(UsageError):
+    """A node configuration value is missing, of the wrong type or out of range."""
+
+
+class PluginNotFound(ConfigError):
+    """A plugin was selected by a name that no installed plugin provides.
+
+    ``kind`` is the interface (``"store"``, ``"transport"``, ...), ``name`` the
+    requested name and ``installed`` the names that are available.
+    """
+
+    def __init__(self, kind: str, name: str, installed: list[str]) -> None:
+        self.kind = kind
+        self.name = name
+        self.installed = sorted(installed)
+        listed = ", ".join(self.installed) if self.installed else "(none)"
+        super().__init__(f"no {kind} plugin named {name!r} is installed; installed: {listed}")
+
+
+class CommandIdReused(UsageError):
+    """A command id ``(author, counter)`` was sent again with different content."""
+
+
+class DecodeError(KettenError, ValueError):
+    """Bytes that should hold a ketten value are malformed.
+
+    Raised for *any* malformed input: wrong types, missing or extra fields,
+    wrong lengths, non-canonical encodings, oversized input, trailing bytes.
+    ``where`` names the value that was being decoded.
+    """
+
+    def __init__(self, message: str, *, where: str = "") -> None:
+        self.where = where
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class InvalidEvent(KettenError):
+    """A well-formed event that may not be appended where it was offered.
+
+    ``reason`` is a short machine-readable code, the message says more.
+    """
+
+    reason = "invalid"
+
+    def __init__(self, message: str, *, reason: str | None = None) -> None:
+        if reason is not None:
+            self.reason = reason
+        super().__init__(message)
+
+
+class BrokenLink(InvalidEvent):
+    """The event does not follow its predecessor (wrong ``prev``, ``seq`` or criterion)."""
+
+    reason = "broken-link"
+
+
+class InvalidSignature(InvalidEvent):
+    """The event's signature does not verify against its author key."""
+
+    reason = "bad-signature"
+
+
+class WriterNotAllowed(InvalidEvent):
+    """The chain's genesis restricts writers and the event's author is not one of them."""
+
+    reason = "writer-not-allowed"
+
+
+class ProtocolError(KettenError):
+    """A peer sent something the protocol does not allow (after it decoded)."""
+
+
+class RemoteError(KettenError):
+    """A peer answered a request with an error.
+
+    ``code`` is the peer's machine-readable error code, the message is its text.
+    """
+
+    def __init__(self, code: str, message: str) -> None:
+        self.code = code
+        super().__init__(f"peer answered {code}: {message}")
+
+
+class Unavailable(KettenError):
+    """Not enough of the network could be reached to do what was asked."""
+
+
+class PeerUnreachable(Unavailable):
+    """A peer could not be reached (no listener, connection refused, closed)."""
+
+
+class QuorumUnavailable(Unavailable):
+    """Fewer than a majority of the brokers of a criterion answered in time.
+
+    Nothing was acknowledged: the operation may be retried.
+    """
+
+
+class StoreError(KettenError):
+    """The local store could not do what was asked."""
+
+
+class StoreConflict(StoreError):
+    """An append does not extend the stored chain head (the position is taken)."""
+
+
+class StoreCorrupted(StoreError):
+    """Stored data failed its integrity check.
+
+    ``path`` and ``offset`` say where the damage is, when the store knows.
+    """
+
+    def __init__(self, message: str, *, path: str = "", offset: int | None = None) -> None:
+        self.path = path
+        self.offset = offset
+        where = path + (f" at offset {offset}" if offset is not None else "")
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class StoreFormatError(StoreError, UsageError):
+    """A path holds something that is not a store of the expected format or version."""

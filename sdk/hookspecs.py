@@ -1,0 +1,119 @@
+"""Hook specifications: what a ketten plugin can implement.
+
+Plugins are modules (or objects) with functions marked ``@ketten.hookimpl``,
+announced through the ``ketten`` entry-point group::
+
+    [project.entry-points.ketten]
+    my_store = "my_package.store_plugin"
+
+Factory hooks are synchronous and ``firstresult``: each returns an object
+(satisfying a protocol of :mod:`ketten.interfaces`) for the ``name`` it
+provides, or ``None`` for names it does not know. A plugin that implements a
+factory hook also implements :func:`ketten_plugin_names` so that the node can
+list what is installed. Observer hooks are called synchronously by the node
+and must not block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from ._event import Event
+    from ._node import Node
+    from .interfaces import Clock, Delivery, Overlay, Peer, Store, Transport
+
+__all__ = ["hookimpl", "hookspec"]
+
+hookspec = pluggy.HookspecMarker("ketten")
+hookimpl = pluggy.HookimplMarker("ketten")
+
+
+@hookspec
+def ketten_plugin_names() -> Mapping[str, Sequence[str]]:
+    """Names this plugin provides, by kind: ``{"store": ["sqlite"], ...}``.
+
+    Kinds are ``transport``, ``overlay``, ``store``, ``clock`` and ``delivery``.
+    Called on every plugin whenever names are listed; results are merged.
+    """
+    raise AssertionError("hookspec")  # pragma: no cover
+
+
+@hookspec(firstresult=True)
+def ketten_make_transport(name: str, options: Mapping[str, Any], node: Node) -> Transport | None:
+    """Build the transport called ``name``, or return ``None`` if it is not yours.
+
+    Called once per node while it opens; the first non-``None`` result is used.
+    ``options`` are the node configuration's options for this kind.
+    """
+    raise AssertionError("hookspec")  # pragma: no cover
+
+
+@hookspec(firstresult=True)
+def ketten_make_store(name: str, options: Mapping[str, Any], node: Node) -> Store | None:
+    """Build the store called ``name``, or return ``None`` if it is not yours.
+
+    Called once per node while it opens; the node then awaits ``open()``.
+    """
+    raise AssertionError("hookspec")  # pragma: no cover
+
+
+@hookspec(firstresult=True)
+def ketten_make_overlay(name: str, options: Mapping[str, Any], node: Node) -> Overlay | None:
+    """Build the overlay called ``name``, or return ``None`` if it is not yours.
+
+    Called once per node after its transport and store exist; the node runs
+    ``overlay.run()`` in its nursery.
+    """
+    raise AssertionError("hookspec")  # pragma: no cover
+
+
+@hookspec(firstresult=True)
+def ketten_make_clock(name: str, options: Mapping[str, Any], node: Node) -> Clock | None:
+    """Build the clock called ``name``, or return ``None`` if it is not yours.
+
+    Called once per node while it opens.
+    """
+    raise AssertionError("hookspec")  # pragma: no cover
+
+
+@hookspec(firstresult=True)
+def ketten_make_delivery(name: str, options: Mapping[str, Any], node: Node) -> Delivery | None:
+    """Build the delivery order called ``name``, or return ``None`` if it is not yours.
+
+    Called once per subscription, so each subscriber has its own queue.
+    """
+    raise AssertionError("hookspec")  # pragma: no cover
+
+
+@hookspec
+def ketten_node_started(node: Node) -> None:
+    """The node is serving at ``node.address``. Called once per node."""
+
+
+@hookspec
+def ketten_node_stopping(node: Node) -> None:
+    """The node is about to close. Called once per node."""
+
+
+@hookspec
+def ketten_event_appended(node: Node, event: Event) -> None:
+    """``event`` was durably appended to ``node``'s store. Called once per event."""
+
+
+@hookspec
+def ketten_fork_resolved(
+    node: Node, criterion: bytes, orphaned: Sequence[Event], head: Event
+) -> None:
+    """``node`` gave up a branch of ``criterion``: ``orphaned`` lost, ``head`` won.
+
+    Called once per resolution, after the store has switched branches.
+    """
+
+
+@hookspec
+def ketten_peer_joined(node: Node, peer: Peer) -> None:
+    """``node`` learned of an authenticated ``peer``. Called once per new peer."""

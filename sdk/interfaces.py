@@ -1,0 +1,223 @@
+"""The interfaces plugins implement, as :class:`typing.Protocol` classes.
+
+A plugin's factory hook (see :mod:`ketten.hookspecs`) returns an object that
+satisfies one of these protocols; the node awaits its methods inside its own
+nursery. Conformance suites for each live in :mod:`ketten.testing`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+import trio
+
+from ._event import Event
+from ._identity import node_id_of
+
+__all__ = [
+    "Clock",
+    "ClockOrder",
+    "Delivery",
+    "Handler",
+    "Overlay",
+    "Peer",
+    "Reply",
+    "Store",
+    "Transport",
+]
+
+
+@attrs.frozen
+class Peer:
+    """A remote node as the transport authenticated it."""
+
+    address: str
+    public_key: bytes
+
+    @property
+    def node_id(self) -> bytes:
+        """``SHA-256(public_key)``: nobody can claim it without the key."""
+        return node_id_of(self.public_key)
+
+
+@attrs.frozen
+class Reply:
+    """The answer to a request, with the authenticated identity of who sent it."""
+
+    peer: Peer
+    data: bytes
+
+
+class Handler(Protocol):
+    """What a transport delivers incoming frames to (the node implements it)."""
+
+    async def handle_request(self, peer: Peer, data: bytes) -> bytes:
+        """Answer a request. A raised :class:`~ketten.KettenError` is sent back
+        as an error reply; any other exception is a bug and closes the node."""
+        ...
+
+    async def handle_message(self, peer: Peer, data: bytes) -> None:
+        """Take a one-way message. Nothing is sent back."""
+        ...
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Frames between addresses: request/response and one-way messages.
+
+    Frames are opaque bytes. Every frame arrives with the authenticated
+    :class:`Peer` that sent it. Calls carry no timeouts of their own: callers
+    wrap them in ``trio.move_on_after`` / ``trio.fail_after``.
+    """
+
+    @property
+    def address(self) -> str:
+        """The address peers reach this transport at (valid once serving)."""
+        ...
+
+    async def serve(
+        self, handler: Handler, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Accept frames until cancelled; call ``task_status.started(address)`` once listening."""
+        ...
+
+    async def request(self, address: str, data: bytes) -> Reply:
+        """Send a request and wait for its reply.
+
+        Raises :class:`~ketten.errors.PeerUnreachable` when the address refuses,
+        :class:`~ketten.errors.RemoteError` when the peer answered with an error.
+        A lost request or reply is never answered: time out at the call site.
+        """
+        ...
+
+    async def send(self, address: str, data: bytes) -> None:
+        """Send a one-way message, best effort (it may be lost)."""
+        ...
+
+    def statistics(self) -> Any:
+        """A frozen snapshot of this transport's counters."""
+        ...
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Durable home of events, chain heads, orphans, command ids and cursors.
+
+    Every method is atomic. An append is durable before it returns.
+    """
+
+    async def open(self) -> None:
+        """Open (create if needed) the store. Raises :class:`~ketten.errors.StoreFormatError`."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release files and connections; the store can be opened again later."""
+        ...
+
+    async def append(self, events: Sequence[Event]) -> None:
+        """Append events, each extending the head of its criterion, all or none.
+
+        Events of one criterion come in seq order. Raises
+        :class:`~ketten.errors.StoreConflict` if an event does not extend its
+        head (its seq is taken or its ``prev`` is not the head) or reuses a
+        command id ``(author, command)`` already in its chain.
+        """
+        ...
+
+    async def get(self, event_hash: bytes) -> Event | None:
+        """The event with this hash, on the main chain or orphaned, or ``None``."""
+        ...
+
+    async def head(self, criterion: bytes) -> Event | None:
+        """The head of the chain of ``criterion``, or ``None`` if it has none."""
+        ...
+
+    async def heads(self) -> Mapping[bytes, tuple[int, bytes]]:
+        """``{criterion: (head seq, head hash)}`` for every stored chain."""
+        ...
+
+    async def range(self, criterion: bytes, start: int = 0, stop: int | None = None) -> list[Event]:
+        """Main-chain events with ``start <= seq < stop`` (``stop=None``: to the head), in order."""
+        ...
+
+    async def by_command(self, criterion: bytes, author: bytes, command: int) -> Event | None:
+        """The main-chain event with this command id in this chain, or ``None``."""
+        ...
+
+    async def replace_from(self, criterion: bytes, seq: int, events: Sequence[Event]) -> list[Event]:
+        """Orphan the main chain from ``seq`` on and append ``events`` in its place.
+
+        Atomic. Returns the events that became orphans (fork resolution).
+        """
+        ...
+
+    async def orphans(self, criterion: bytes) -> list[Event]:
+        """Events that lost a fork, oldest first."""
+        ...
+
+    async def get_cursor(self, name: str) -> bytes | None:
+        """A stored cursor, or ``None``."""
+        ...
+
+    async def put_cursor(self, name: str, value: bytes) -> None:
+        """Store a cursor atomically and durably."""
+        ...
+
+
+class ClockOrder(enum.Enum):
+    """How two clock stamps relate."""
+
+    BEFORE = "before"
+    AFTER = "after"
+    EQUAL = "equal"
+    CONCURRENT = "concurrent"
+
+
+@runtime_checkable
+class Clock(Protocol):
+    """A logical clock, sans-IO. Stamps travel as canonical bytes in events."""
+
+    def stamp(self) -> bytes:
+        """Tick for a local event (a send) and return its encoded stamp."""
+        ...
+
+    def observe(self, stamp: bytes) -> None:
+        """Merge a received stamp. Raises :class:`~ketten.errors.DecodeError`."""
+        ...
+
+    def compare(self, a: bytes, b: bytes) -> ClockOrder:
+        """Order two encoded stamps. Raises :class:`~ketten.errors.DecodeError`."""
+        ...
+
+
+@runtime_checkable
+class Delivery(Protocol):
+    """Decides when received events reach the application, sans-IO."""
+
+    def offer(self, event: Event) -> list[Event]:
+        """Take a received event; return the events deliverable now, in order."""
+        ...
+
+    def pending(self) -> int:
+        """How many events are held back."""
+        ...
+
+
+@runtime_checkable
+class Overlay(Protocol):
+    """Membership and routing: who are the ``count`` nodes closest to a key."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Join the network, call ``task_status.started()``, then maintain it until cancelled."""
+        ...
+
+    async def closest(self, key: bytes, count: int) -> list[Peer]:
+        """The live nodes (this one included) closest to ``key``, nearest first."""
+        ...
+
+    def statistics(self) -> Any:
+        """A frozen snapshot of this overlay's counters."""
+        ...

@@ -1,0 +1,1 @@
+"""PySpark data source ``ketten``: read replicated chains as DataFrames."""
