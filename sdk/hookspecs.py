@@ -24,7 +24,7 @@ import pluggy
 if TYPE_CHECKING:
     from ._event import Event
     from ._node import Node
-    from .interfaces import Clock, Delivery, Overlay, Peer, Store, Transport
+    from .interfaces import Clock, Delivery, Overlay, Peer, Store, StoreReader, Transport
 
 __all__ = ["hookimpl", "hookspec"]
 
@@ -57,6 +57,18 @@ def ketten_make_store(name: str, options: Mapping[str, Any], node: Node) -> Stor
     """Build the store called ``name``, or return ``None`` if it is not yours.
 
     Called once per node while it opens; the node then awaits ``open()``.
+    """
+    raise AssertionError("hookspec")  # pragma: no cover
+
+
+@hookspec(firstresult=True)
+def ketten_open_store_reader(path: str) -> StoreReader | None:
+    """Open the store directory ``path`` read-only if it is in your format, else return ``None``.
+
+    Called by offline tools (the Spark connector, ``ketten verify``) for each
+    directory they are given; the first non-``None`` result is used. Raise
+    :class:`~ketten.errors.StoreFormatError` if the directory is yours but
+    unreadable (for example a newer schema version).
     """
     raise AssertionError("hookspec")  # pragma: no cover
 

@@ -8,7 +8,7 @@ nursery. Conformance suites for each live in :mod:`ketten.testing`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -26,6 +26,7 @@ __all__ = [
     "Peer",
     "Reply",
     "Store",
+    "StoreReader",
     "Transport",
 ]
 
@@ -164,6 +165,39 @@ class Store(Protocol):
 
     async def put_cursor(self, name: str, value: bytes) -> None:
         """Store a cursor atomically and durably."""
+        ...
+
+
+@runtime_checkable
+class StoreReader(Protocol):
+    """Synchronous, read-only access to a store on disk, for offline tools.
+
+    The Spark connector and ``ketten verify`` read store directories through
+    it. A reader sees a consistent snapshot even while a node writes to the
+    same store; it never modifies anything on disk. Damaged data raises
+    :class:`~ketten.errors.StoreCorrupted` naming the file and offset.
+    """
+
+    def criteria(self) -> list[bytes]:
+        """Keys of every stored chain, sorted."""
+        ...
+
+    def heads(self) -> Mapping[bytes, tuple[int, bytes]]:
+        """``{criterion: (head seq, head hash)}``."""
+        ...
+
+    def read_encoded(
+        self, criterion: bytes, start: int = 0, stop: int | None = None
+    ) -> Iterator[tuple[int, bytes]]:
+        """``(seq, canonical event bytes)`` of the main chain, ``start <= seq < stop``, in order."""
+        ...
+
+    def orphans_encoded(self, criterion: bytes) -> Iterator[bytes]:
+        """Canonical bytes of the orphaned events of a chain, oldest first."""
+        ...
+
+    def close(self) -> None:
+        """Release files and connections."""
         ...
 
 
