@@ -35,7 +35,8 @@ class Faults:
     latency: float = attrs.field(default=0.005, validator=_non_negative)
     """Base one-way delay of every message."""
     jitter: float = attrs.field(default=0.0, validator=_non_negative)
-    """Extra delay drawn uniformly from ``[0, jitter)``."""
+    """Extra delay drawn uniformly from ``[0, jitter)``. Links stay FIFO: jitter
+    delays a message but never lets it overtake an earlier one on its link."""
     loss: float = attrs.field(default=0.0, validator=_probability)
     """Probability that a message is lost."""
     duplicate: float = attrs.field(default=0.0, validator=_probability)
@@ -74,6 +75,8 @@ class NetworkModel:
     _cut: int = attrs.field(default=0, init=False)
     _duplicated: int = attrs.field(default=0, init=False)
     _reordered: int = attrs.field(default=0, init=False)
+    _link_clock: dict[tuple[str, str], float] = attrs.field(factory=dict, init=False)
+    _prune_at: int = attrs.field(default=1024, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -99,10 +102,11 @@ class NetworkModel:
                 return True
         return False
 
-    def route(self, src: str, dst: str) -> list[float]:
-        """The delays after which copies of one message from ``src`` reach ``dst``.
+    def route(self, src: str, dst: str, now: float) -> list[float]:
+        """The times at which copies of a message sent at ``now`` reach ``dst``.
 
-        An empty list means the message is lost or cut off.
+        An empty list means the message is lost or cut off. Messages on one
+        link arrive in the order they were sent unless picked for reordering.
         """
         self._sent += 1
         if self.is_cut(src, dst):
@@ -117,17 +121,25 @@ class NetworkModel:
         if faults.duplicate and rng.random() < faults.duplicate:
             copies = 2
             self._duplicated += 1
-        delays = []
+        link = (src, dst)
+        arrivals = []
         for _ in range(copies):
-            delay = faults.latency
+            arrival = now + faults.latency
             if faults.jitter:
-                delay += rng.random() * faults.jitter
+                arrival += rng.random() * faults.jitter
             if faults.reorder and rng.random() < faults.reorder:
-                delay += rng.random() * faults.reorder_window
+                arrival += rng.random() * faults.reorder_window
                 self._reordered += 1
-            delays.append(delay)
+            else:
+                # Strictly after the previous message on this link: FIFO.
+                arrival = max(arrival, self._link_clock.get(link, 0.0) + 1e-9)
+                self._link_clock[link] = arrival
+            arrivals.append(arrival)
         self._delivered += copies
-        return delays
+        if len(self._link_clock) > self._prune_at:
+            self._link_clock = {k: t for k, t in self._link_clock.items() if t > now}
+            self._prune_at = max(1024, 2 * len(self._link_clock))
+        return arrivals
 
     def statistics(self) -> NetworkStatistics:
         return NetworkStatistics(

@@ -112,18 +112,19 @@ class MemoryNetwork:
         if dst is None:
             if kind == "request":
                 # Like a refused connection: the sender learns it after one hop.
-                src._spawn(src._refused, self.faults.latency, req_id, dst_address)
+                arrival = trio.current_time() + self.faults.latency
+                src._spawn(src._refused, arrival, req_id, dst_address)
             return
-        for delay in self._model.route(src.address, dst_address):
-            dst._spawn(dst._arrive, delay, src.peer, kind, req_id, data)
+        for arrival in self._model.route(src.address, dst_address, trio.current_time()):
+            dst._spawn(dst._arrive, arrival, src.peer, kind, req_id, data)
 
     def _transmit_reply(self, src: MemoryTransport, dst_address: str, req_id: int,
                         outcome: bytes | tuple[str, str]) -> None:
         dst = self._endpoints.get(dst_address)
         if dst is None:
             return
-        for delay in self._model.route(src.address, dst_address):
-            dst._spawn(dst._reply_arrives, delay, src.peer, req_id, outcome)
+        for arrival in self._model.route(src.address, dst_address, trio.current_time()):
+            dst._spawn(dst._reply_arrives, arrival, src.peer, req_id, outcome)
 
 
 @attrs.define(eq=False)
@@ -210,8 +211,8 @@ class MemoryTransport:
         if self._nursery is not None:
             self._nursery.start_soon(fn, *args)
 
-    async def _arrive(self, delay: float, peer: Peer, kind: str, req_id: int, data: bytes) -> None:
-        await trio.sleep(delay)
+    async def _arrive(self, arrival: float, peer: Peer, kind: str, req_id: int, data: bytes) -> None:
+        await trio.sleep_until(arrival)
         handler = self._handler
         if handler is None:
             return
@@ -231,9 +232,9 @@ class MemoryTransport:
             self._counts["bytes_sent"] += len(outcome)
         self._network._transmit_reply(self, peer.address, req_id, outcome)
 
-    async def _reply_arrives(self, delay: float, peer: Peer, req_id: int,
+    async def _reply_arrives(self, arrival: float, peer: Peer, req_id: int,
                              outcome: bytes | tuple[str, str]) -> None:
-        await trio.sleep(delay)
+        await trio.sleep_until(arrival)
         slot = self._pending.get(req_id)
         if slot is None or slot.done.is_set():
             return  # late, duplicated or abandoned
@@ -245,8 +246,8 @@ class MemoryTransport:
             slot.outcome = Reply(peer, outcome)
         slot.done.set()
 
-    async def _refused(self, delay: float, req_id: int, address: str) -> None:
-        await trio.sleep(delay)
+    async def _refused(self, arrival: float, req_id: int, address: str) -> None:
+        await trio.sleep_until(arrival)
         slot = self._pending.get(req_id)
         if slot is not None and not slot.done.is_set():
             slot.outcome = PeerUnreachable(f"nothing is serving at {address}")

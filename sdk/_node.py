@@ -372,6 +372,9 @@ async def open_node(
     if config.clock is not None:
         node._clock = make_plugin(pm, "clock", config.clock, config.options_for("clock"), node)
     await node.store.open()
+    # An error raised by the application's block is re-raised as itself, not
+    # wrapped in the ExceptionGroup of the node's nursery.
+    body_error: BaseException | None = None
     try:
         async with trio.open_nursery() as nursery:
             node._nursery = nursery
@@ -384,6 +387,8 @@ async def open_node(
             pm.hook.ketten_node_started(node=node)
             try:
                 yield node
+            except BaseException as exc:
+                body_error = exc
             finally:
                 pm.hook.ketten_node_stopping(node=node)
                 nursery.cancel_scope.cancel()
@@ -391,3 +396,5 @@ async def open_node(
         node._nursery = None
         with trio.CancelScope(shield=True):
             await node.store.aclose()
+    if body_error is not None:
+        raise body_error

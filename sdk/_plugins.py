@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 from . import hookspecs
-from .errors import PluginNotFound
+from .errors import ConfigError, PluginNotFound
 
 if TYPE_CHECKING:
     from ._node import Node
@@ -24,16 +24,19 @@ def plugin_manager(*, entry_points: bool = True, extra: tuple[object, ...] = ())
     Plugins come from the ``ketten`` entry-point group (built-ins included)
     and from ``extra`` (modules or objects, e.g. in tests). Unknown hooks are
     rejected by ``check_pending()``: a misspelt ``ketten_*`` hook is an error,
-    not silently ignored. Build one and share it between the nodes of a
+    not silently ignored (:class:`~ketten.errors.ConfigError`). Build one and share it between the nodes of a
     simulation: discovery scans the installed distributions.
     """
     pm = pluggy.PluginManager("ketten")
     pm.add_hookspecs(hookspecs)
-    if entry_points:
-        pm.load_setuptools_entrypoints("ketten")
-    for plugin in extra:
-        pm.register(plugin)
-    pm.check_pending()
+    try:
+        if entry_points:
+            pm.load_setuptools_entrypoints("ketten")
+        for plugin in extra:
+            pm.register(plugin)
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise ConfigError(f"plugin {exc.plugin!r} is invalid: {exc}") from exc
     return pm
 
 

@@ -1,0 +1,188 @@
+"""The node skeleton: composition, services, statistics, many nodes per process."""
+
+from __future__ import annotations
+
+import attrs
+import pluggy
+import pytest
+import trio
+import trio.testing
+
+import ketten
+from ketten import (
+    BrokenLink,
+    ConfigError,
+    Identity,
+    NodeConfig,
+    PeerUnreachable,
+    RemoteError,
+    UsageError,
+    WriterNotAllowed,
+    criterion_key,
+    hookimpl,
+)
+from ketten.adapters.memory import Faults, MemoryNetwork
+from ketten.interfaces import Peer
+from ketten.plugins.memory_store import MemoryBacking
+
+
+def config(net: MemoryNetwork, seed: int, **kwargs: object) -> NodeConfig:
+    return NodeConfig(identity=Identity.from_seed(seed.to_bytes(32, "big")),
+                      options={"transport": {"network": net}, **kwargs.pop("options", {})},  # type: ignore[dict-item]
+                      **kwargs)  # type: ignore[arg-type]
+
+
+async def test_two_nodes_exchange_a_chain(plugins: pluggy.PluginManager,
+                                          autojump_clock: trio.testing.MockClock) -> None:
+    net = MemoryNetwork(seed=1, faults=Faults(latency=0.01, jitter=0.01))
+    key = criterion_key("orders")
+    async with ketten.open_node(config(net, 1), plugins=plugins) as a, \
+            ketten.open_node(config(net, 2), plugins=plugins) as b:
+        events = [await a.append_local(key, b"%d" % i) for i in range(50)]
+        assert await b.pull(a.address, key) == 50
+        assert await b.store.range(key) == events
+        assert await b.pull(a.address, key) == 0
+        more = await a.append_local(key, b"late")
+        assert await b.pull(a.address, key) == 1
+        assert (await b.store.head(key)) == more
+        stats = b.statistics()
+        assert stats.events_appended == 51 and stats.events_received == 51
+        assert stats.invalid_events == 0
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            stats.events_appended = 0  # type: ignore[misc]
+
+
+async def test_sync_is_batched_by_bytes(plugins: pluggy.PluginManager,
+                                        autojump_clock: trio.testing.MockClock) -> None:
+    net = MemoryNetwork(seed=2)
+    key = criterion_key("big")
+    small = NodeConfig(identity=Identity.from_seed(b"\x05" * 32), sync_batch_bytes=2000,
+                       options={"transport": {"network": net}})
+    async with ketten.open_node(config(net, 1), plugins=plugins) as a, \
+            ketten.open_node(small, plugins=plugins) as b:
+        for i in range(40):
+            await a.append_local(key, bytes(300))
+        assert await b.pull(a.address, key) == 40
+        assert b.transport.statistics().requests_sent >= 40 * 300 // 2000
+
+
+async def test_forged_events_are_refused(plugins: pluggy.PluginManager,
+                                         autojump_clock: trio.testing.MockClock) -> None:
+    net = MemoryNetwork(seed=3)
+    key = criterion_key("guarded")
+    async with ketten.open_node(config(net, 1), plugins=plugins) as a, \
+            ketten.open_node(config(net, 2), plugins=plugins) as b:
+        genesis = await a.append_local(key, b"g", writers=[a.identity.public_key])
+        with pytest.raises(WriterNotAllowed):
+            await b.store_events([genesis, ketten.Event.create(
+                b.identity, criterion=key, seq=1, prev=genesis.hash, payload=b"", time=0)])
+        assert await b.store.head(key) is None  # nothing of a bad batch is stored
+        forged = attrs.evolve(await a.append_local(key, b"x"), payload=b"forged")
+        with pytest.raises(ketten.InvalidSignature):
+            await b.store_events([genesis, forged])
+        with pytest.raises(BrokenLink):
+            await b.store_events([forged])
+        assert b.statistics().invalid_events == 3
+
+
+async def test_services_errors_and_unreachable(plugins: pluggy.PluginManager,
+                                               autojump_clock: trio.testing.MockClock) -> None:
+    net = MemoryNetwork(seed=4)
+    async with ketten.open_node(config(net, 1), plugins=plugins) as a, \
+            ketten.open_node(config(net, 2), plugins=plugins) as b:
+        seen: list[Peer] = []
+
+        async def echo(peer: Peer, body: object) -> object:
+            seen.append(peer)
+            if body == "boom":
+                raise UsageError("no booms")
+            return {"echo": body}
+
+        b.register_service("echo", echo)
+        with pytest.raises(UsageError):
+            b.register_service("echo", echo)
+        assert await a.call(b.address, "echo", [1, b"x"]) == {"echo": [1, b"x"]}
+        assert seen[0].node_id == a.identity.node_id
+        with pytest.raises(RemoteError, match="UsageError"):
+            await a.call(b.address, "echo", "boom")
+        with pytest.raises(RemoteError, match="unknown service"):
+            await a.call(b.address, "nope", None)
+        with pytest.raises(RemoteError, match="DecodeError"):
+            await a.transport.request(b.address, b"\xff\x00garbage")
+        net.cut({b.address})
+        with pytest.raises(PeerUnreachable, match="no reply"):
+            await a.call(b.address, "echo", 1, timeout=2)
+        net.heal()
+        assert await a.call(b.address, "echo", 2) == {"echo": 2}
+        assert b.statistics().decode_errors == 1
+
+
+async def test_restart_with_a_kept_store(plugins: pluggy.PluginManager,
+                                         autojump_clock: trio.testing.MockClock) -> None:
+    net = MemoryNetwork(seed=5)
+    backing = MemoryBacking()
+    key = criterion_key("kept")
+    cfg = config(net, 1, options={"store": {"backing": backing}})
+    async with ketten.open_node(cfg, plugins=plugins) as a:
+        first = await a.append_local(key, b"1")
+    async with ketten.open_node(cfg, plugins=plugins) as a:
+        second = await a.append_local(key, b"2")
+        assert second.prev == first.hash and second.seq == 1
+
+
+async def test_observer_hooks_fire(autojump_clock: trio.testing.MockClock) -> None:
+    calls: list[str] = []
+
+    class Observer:
+        @hookimpl
+        def ketten_node_started(self, node: ketten.Node) -> None:
+            calls.append("started")
+
+        @hookimpl
+        def ketten_event_appended(self, node: ketten.Node, event: ketten.Event) -> None:
+            calls.append(f"appended {event.seq}")
+
+        @hookimpl
+        def ketten_node_stopping(self, node: ketten.Node) -> None:
+            calls.append("stopping")
+
+    pm = ketten.plugin_manager(extra=(Observer(),))
+    async with ketten.open_node(config(MemoryNetwork(), 1), plugins=pm) as node:
+        await node.append_local(criterion_key("o"), b"")
+        await node.append_local(criterion_key("o"), b"")
+    assert calls == ["started", "appended 0", "appended 1", "stopping"]
+
+
+async def test_many_nodes_in_one_process(plugins: pluggy.PluginManager,
+                                         autojump_clock: trio.testing.MockClock) -> None:
+    net = MemoryNetwork(seed=6, faults=Faults(latency=0.005))
+    key = criterion_key("ring")
+    async with trio.open_nursery() as nursery:
+        nodes: list[ketten.Node] = []
+
+        async def run(i: int, task_status: trio.TaskStatus[ketten.Node]) -> None:
+            async with ketten.open_node(config(net, i + 1), plugins=plugins) as node:
+                task_status.started(node)
+                await trio.sleep_forever()
+
+        for i in range(200):
+            nodes.append(await nursery.start(run, i))
+        await nodes[0].append_local(key, b"origin")
+        for prev, node in zip(nodes, nodes[1:]):
+            assert await node.pull(prev.address, key) == 1
+        assert (await nodes[-1].store.head(key)).payload == b"origin"  # type: ignore[union-attr]
+        assert len({n.address for n in nodes}) == 200
+        nursery.cancel_scope.cancel()
+
+
+async def test_config_is_validated() -> None:
+    with pytest.raises(ConfigError, match="replication"):
+        NodeConfig(replication=0)
+    with pytest.raises(ConfigError, match="options"):
+        NodeConfig(options={"transport": 5})  # type: ignore[dict-item]
+    with pytest.raises(ConfigError, match="network"):
+        async with ketten.open_node(NodeConfig()):
+            pass  # pragma: no cover
+    with pytest.raises(UsageError, match="32-byte"):
+        async with ketten.open_node(config(MemoryNetwork(), 1)) as node:
+            await node.append_local(b"short", b"")

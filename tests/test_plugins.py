@@ -1,0 +1,119 @@
+"""Plugin discovery through entry points, selection by name, hook validation."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pluggy
+import pytest
+import trio
+
+import ketten
+from ketten import ConfigError, NodeConfig, PluginNotFound, criterion_key, hookimpl
+from ketten.adapters.memory import MemoryNetwork
+
+HERE = Path(__file__).parent
+
+
+def test_builtins_are_registered_through_entry_points(plugins: pluggy.PluginManager) -> None:
+    names = {name for name, _ in plugins.list_name_plugin()}
+    assert {"memory_store", "memory_transport"} <= names
+    assert "memory" in ketten.installed_names(plugins, "store")
+    assert "memory" in ketten.installed_names(plugins, "transport")
+
+
+async def test_unknown_plugin_name_lists_installed(plugins: pluggy.PluginManager) -> None:
+    config = NodeConfig(store="sqlte", options={"transport": {"network": MemoryNetwork()}})
+    with pytest.raises(PluginNotFound) as info:
+        async with ketten.open_node(config, plugins=plugins):
+            pass  # pragma: no cover
+    assert info.value.kind == "store" and info.value.name == "sqlte"
+    assert "memory" in info.value.installed
+    assert "installed: " in str(info.value) and "memory" in str(info.value)
+
+
+def test_misspelt_hook_is_rejected() -> None:
+    plugin = types.ModuleType("misspelt")
+
+    @hookimpl
+    def ketten_make_stor(name: str, options: object, node: object) -> None:
+        return None
+
+    plugin.ketten_make_stor = ketten_make_stor  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="ketten_make_stor"):
+        ketten.plugin_manager(entry_points=False, extra=(plugin,))
+
+
+def test_wrong_hook_signature_is_rejected() -> None:
+    plugin = types.ModuleType("wrong_args")
+
+    @hookimpl
+    def ketten_make_store(name: str, color: str) -> None:
+        return None
+
+    plugin.ketten_make_store = ketten_make_store  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="color"):
+        ketten.plugin_manager(entry_points=False, extra=(plugin,))
+
+
+@pytest.mark.slow
+def test_separately_installed_distribution_is_discovered(tmp_path: Path) -> None:
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--no-index", "--target", str(target), str(HERE / "plugin_dist")],
+        check=True,
+        capture_output=True,
+    )
+    # A fresh interpreter with the distribution on its path, as an application would see it.
+    script = """
+import sys, trio, ketten
+from ketten.adapters.memory import MemoryNetwork
+pm = ketten.plugin_manager()
+assert "counting" in ketten.installed_names(pm, "store"), ketten.installed_names(pm, "store")
+
+async def main():
+    config = ketten.NodeConfig(store="counting", options={"transport": {"network": MemoryNetwork()}})
+    async with ketten.open_node(config, plugins=pm) as node:
+        await node.append_local(ketten.criterion_key("c"), b"x")
+        await node.append_local(ketten.criterion_key("c"), b"y")
+        print(type(node.store).__module__, type(node.store).appended)
+
+trio.run(main)
+"""
+    env_path = f"{target}"
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        check=True, capture_output=True, text=True,
+        env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
+    )
+    assert out.stdout.split() == ["ketten_counting_store", "2"]
+
+
+async def test_plugin_objects_can_be_registered_directly() -> None:
+    made: list[str] = []
+
+    class Plugin:
+        @hookimpl
+        def ketten_plugin_names(self) -> dict[str, list[str]]:
+            return {"store": ["recorded"]}
+
+        @hookimpl
+        def ketten_make_store(self, name: str, options: object, node: object) -> object:
+            if name != "recorded":
+                return None
+            from ketten.plugins.memory_store import MemoryStore
+
+            made.append(name)
+            return MemoryStore()
+
+    pm = ketten.plugin_manager(extra=(Plugin(),))
+    assert "recorded" in ketten.installed_names(pm, "store")
+    config = NodeConfig(store="recorded", options={"transport": {"network": MemoryNetwork()}})
+    async with ketten.open_node(config, plugins=pm) as node:
+        await node.append_local(criterion_key("k"), b"v")
+    assert made == ["recorded"]
+    await trio.lowlevel.checkpoint()
