@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
-
 from ketten import Identity, hookimpl
 from ketten.errors import ConfigError, KettenError, PeerUnreachable, RemoteError, UsageError
 from ketten.interfaces import Handler, Peer, Reply

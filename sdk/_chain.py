@@ -360,28 +360,30 @@ def scan_encoded_chain(
     """
     expected_seq = first_seq
     link = prev_hash
+    check_links = verify is not Verify.NONE
+    check_sigs = verify is Verify.FULL
     for data in encoded:
         if len(data) > max_size:
             raise DecodeError(f"{len(data)} bytes exceeds the limit of {max_size}",
                               where=f"event seq {expected_seq}")
         fields, digest = decode_fields(data)
-        seq = fields[2]
-        if verify is not Verify.NONE:
+        seq: int = fields[2]
+        if check_links:
             if criterion is None:
-                criterion = fields[1]  # type: ignore[assignment]
-            elif fields[1] != criterion:
+                criterion = fields[1]
+            if fields[1] != criterion:
                 raise BrokenLink(f"seq {seq} belongs to another criterion")
             if seq != expected_seq:
                 raise BrokenLink(f"expected seq {expected_seq}, found seq {seq}")
-            if fields[3] != link and seq != 0:
+            if seq and fields[3] != link:
                 raise BrokenLink(f"seq {seq} does not link to the hash of seq {seq - 1}")
-            if verify is Verify.FULL:
+            if check_sigs:
                 writers = fields[9]
                 if seq == 0:
-                    policy = WriterPolicy(frozenset(writers) if writers is not None else None)  # type: ignore[arg-type]
-                if policy is not None and not policy.allows(fields[4]):  # type: ignore[arg-type]
+                    policy = WriterPolicy(frozenset(writers) if writers is not None else None)
+                if policy is not None and not policy.allows(fields[4]):
                     raise WriterNotAllowed(f"seq {seq}: author may not write to this chain")
-                if not verify_signature(fields[4], fields[10], signed_part(data)):  # type: ignore[arg-type]
+                if not verify_signature(fields[4], fields[10], signed_part(data)):
                     raise InvalidSignature(f"seq {seq}: signature does not verify")
         yield seq, digest, fields
         link = digest

@@ -24,7 +24,7 @@ def _positive_number(_: object, attribute: attrs.Attribute[float], value: float)
         raise ConfigError(f"{attribute.name} must be a positive number, got {value!r}")
 
 
-def _plugin_name(_: object, attribute: attrs.Attribute[str | None], value: str | None) -> None:
+def _plugin_name(_: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
     if value is not None and (not isinstance(value, str) or not value):
         raise ConfigError(f"{attribute.name} must be a plugin name, got {value!r}")
 

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from hashlib import sha256 as _sha256
-
-from cbor2 import loads as _cbor_loads
 from collections.abc import Iterable
+from hashlib import sha256 as _sha256
 from typing import Any
 
 import attrs
+from cbor2 import loads as _cbor_loads
 
 from . import _codec
 from ._codec import MAX_UINT, head_size
@@ -257,32 +256,33 @@ def _encoded_size(fields: list[Any]) -> int:
     through :func:`_check_structure`, which names the offending field.
     """
     version, criterion, seq, prev, author, command, clock, time, payload, writers, _ = fields
+    # Literal constants on purpose: this runs once per event on every scan.
     if (
-        version == ENCODING_VERSION
+        version == 1
         and type(seq) is int
-        and 0 < seq <= MAX_UINT
+        and 0 < seq <= 0x7FFFFFFFFFFFFFFF
         and type(time) is int
-        and 0 <= time <= MAX_UINT
+        and 0 <= time <= 0x7FFFFFFFFFFFFFFF
         and type(criterion) is bytes
-        and len(criterion) == HASH_SIZE
+        and len(criterion) == 32
         and type(prev) is bytes
-        and len(prev) == HASH_SIZE
+        and len(prev) == 32
         and type(author) is bytes
-        and len(author) == PUBLIC_KEY_SIZE
+        and len(author) == 32
         and type(clock) is bytes
         and type(payload) is bytes
         and writers is None
-        and (command is None or (type(command) is int and 0 <= command <= MAX_UINT))
+        and (command is None or (type(command) is int and 0 <= command <= 0x7FFFFFFFFFFFFFFF))
     ):
         n_clock = len(clock)
         n_payload = len(payload)
         return (
             # array head, version, criterion, prev, author, writers, sig
-            1 + 1 + 34 + 34 + 34 + 1 + 66
+            171
             + (1 if seq < 24 else 2 if seq < 0x100 else 3 if seq < 0x10000 else head_size(seq))
             + (1 if command is None or command < 24 else head_size(command))
             + (1 if n_clock < 24 else head_size(n_clock)) + n_clock
-            + head_size(time)
+            + (9 if time >= 0x100000000 else head_size(time))
             + (1 if n_payload < 24 else 2 if n_payload < 0x100 else head_size(n_payload))
             + n_payload
         )

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import attrs
+import ketten
 import pluggy
 import pytest
 import trio
 import trio.testing
-
-import ketten
 from ketten import (
     BrokenLink,
     ConfigError,
@@ -60,7 +59,7 @@ async def test_sync_is_batched_by_bytes(plugins: pluggy.PluginManager,
                        options={"transport": {"network": net}})
     async with ketten.open_node(config(net, 1), plugins=plugins) as a, \
             ketten.open_node(small, plugins=plugins) as b:
-        for i in range(40):
+        for _ in range(40):
             await a.append_local(key, bytes(300))
         assert await b.pull(a.address, key) == 40
         assert b.transport.statistics().requests_sent >= 40 * 300 // 2000

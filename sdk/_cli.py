@@ -1,0 +1,82 @@
+"""The ``ketten`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from ._chain import Verify, scan_encoded_chain
+from ._identity import Identity
+from ._plugins import KINDS, installed_names, plugin_manager
+from .errors import KettenError
+
+__all__ = ["main"]
+
+
+def _cmd_plugins(args: argparse.Namespace) -> int:
+    pm = plugin_manager()
+    for kind in KINDS:
+        print(f"{kind:10} {', '.join(installed_names(pm, kind)) or '-'}")
+    return 0
+
+
+def _cmd_keygen(args: argparse.Namespace) -> int:
+    identity = Identity.generate()
+    identity.save(args.path)
+    print(identity.node_id.hex())
+    return 0
+
+
+def _cmd_verify(args: argparse.Namespace) -> int:
+    """Check every chain of one or more store directories, offline."""
+    pm = plugin_manager()
+    verify = Verify.parse(args.verify)
+    failures = 0
+    for path in args.paths:
+        reader = pm.hook.ketten_open_store_reader(path=path)
+        if reader is None:
+            print(f"{path}: not a ketten store directory (no installed store plugin reads it)")
+            failures += 1
+            continue
+        try:
+            for criterion in reader.criteria():
+                try:
+                    count = sum(
+                        1 for _ in scan_encoded_chain(
+                            (raw for _, raw in reader.read_encoded(criterion)), verify=verify
+                        )
+                    )
+                except KettenError as exc:
+                    failures += 1
+                    print(f"{path}: chain {criterion.hex()}: FAILED: {exc}")
+                else:
+                    print(f"{path}: chain {criterion.hex()}: {count} events ok")
+        finally:
+            reader.close()
+    return 1 if failures else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ketten", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plugins", help="list the installed plugins by kind")
+    p.set_defaults(run=_cmd_plugins)
+    p = sub.add_parser("keygen", help="write a new private key file (mode 0600)")
+    p.add_argument("path")
+    p.set_defaults(run=_cmd_keygen)
+    p = sub.add_parser("verify", help="verify every chain in store directories")
+    p.add_argument("paths", nargs="+")
+    p.add_argument("--verify", default="full", choices=[v.value for v in Verify])
+    p.set_defaults(run=_cmd_verify)
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.run(args)
+    except KettenError as exc:
+        print(f"ketten: error: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
