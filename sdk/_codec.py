@@ -6,9 +6,8 @@ turns them into :class:`~ketten.errors.DecodeError` and nothing else.
 
 from __future__ import annotations
 
-from typing import Any
-
 import io
+from typing import Any
 
 import cbor2
 

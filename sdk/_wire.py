@@ -31,6 +31,6 @@ def field(body: Any, name: str, kind: type | tuple[type, ...], *, where: str) ->
     if name not in body:
         raise DecodeError(f"missing field {name!r}", where=where)
     value = body[name]
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
         raise DecodeError(f"field {name!r} has the wrong type {type(value).__name__}", where=where)
     return value
