@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import pluggy
-import trio.testing
-import pytest
-
 import ketten
+import pluggy
+import pytest
+import trio.testing
 
 
 @pytest.fixture(scope="session")
@@ -16,6 +15,6 @@ def plugins() -> pluggy.PluginManager:
 
 
 @pytest.fixture
-def autojump_clock() -> "trio.testing.MockClock":
+def autojump_clock() -> trio.testing.MockClock:
     """Virtual time: sleeping jumps the clock as soon as every task is blocked."""
     return trio.testing.MockClock(autojump_threshold=0)
