@@ -23,6 +23,7 @@ __all__ = [
     "CommandIdReused",
     "ConfigError",
     "DecodeError",
+    "HoldbackFull",
     "InternalError",
     "InvalidEvent",
     "InvalidSignature",
@@ -139,6 +140,25 @@ class RemoteError(KettenError):
 
 class Unavailable(KettenError):
     """Not enough of the network could be reached to do what was asked."""
+
+
+class HoldbackFull(Unavailable):
+    """A subscriber's holdback queue is at its bound and the offered event would wait in it.
+
+    The event was not taken and the queue is unchanged. Events are durable in
+    their chains, so the subscriber can offer it again after the missing
+    events (usually a gap being synced) have arrived. ``criterion`` and
+    ``seq`` name the refused event, ``limit`` is the bound.
+    """
+
+    def __init__(self, criterion: bytes, seq: int, limit: int) -> None:
+        self.criterion = criterion
+        self.seq = seq
+        self.limit = limit
+        super().__init__(
+            f"holdback queue full ({limit} events): refused seq {seq} of criterion "
+            f"{criterion.hex()[:16]}"
+        )
 
 
 class PeerUnreachable(Unavailable):
