@@ -1,1 +1,631 @@
-"""(being written)"""
+"""The ``sqlite`` store: the embedded default, one SQLite database per node.
+
+Options (``NodeConfig.options["store"]``):
+
+``path``
+    The node's store directory (created if missing); the database is
+    ``<path>/ketten.sqlite3``.
+``check_on_open``
+    Run SQLite's ``quick_check`` of the whole file when opening (default
+    ``True``): damaged pages are then found before anything is served.
+
+The database runs in WAL mode with ``synchronous=FULL``: a transaction is on
+disk before its commit returns, so an append is durable when it returns.
+Blocking calls run in worker threads (:func:`trio.to_thread.run_sync`); one
+connection writes, one reads, and offline tools read through
+:class:`SqliteReader` (the ``ketten_open_store_reader`` hook) while a node
+writes. Every event read is checked against its stored hash and position;
+damaged records raise :class:`~ketten.errors.StoreCorrupted` naming the file
+and offset, and :meth:`SqliteStore.quarantine` cuts a damaged chain back so
+the node can fetch the range again from its peers.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import attrs
+import trio
+from ketten import Event, hookimpl
+from ketten.errors import ConfigError, StoreConflict, StoreError, StoreFormatError
+
+from ._sqlite_access import MAX_SEQ, decode_checked, iter_main, iter_orphans
+from ._sqlite_schema import DB_NAME, check_existing, corrupted, migrate, owns_directory
+from ._store_records import DirLock, store_path
+
+if TYPE_CHECKING:
+    from ketten import Node
+
+__all__ = ["SqliteReader", "SqliteStore"]
+
+T = TypeVar("T")
+
+_INSERT = (
+    "INSERT INTO events (criterion, seq, hash, author, command, raw) VALUES (?, ?, ?, ?, ?, ?)"
+)
+_SET_HEAD = (
+    "INSERT INTO chains (criterion, head_seq, head_hash) VALUES (?, ?, ?)"
+    " ON CONFLICT(criterion) DO UPDATE SET head_seq = excluded.head_seq,"
+    " head_hash = excluded.head_hash"
+)
+
+
+def _short(key: bytes) -> str:
+    return key.hex()[:16]
+
+
+def _rows(events: Sequence[Event]) -> list[tuple[bytes, int, bytes, bytes, int | None, bytes]]:
+    return [(e.criterion, e.seq, e.hash, e.author, e.command, e.to_bytes()) for e in events]
+
+
+def _connect(db_path: str, *, read_only: bool) -> sqlite3.Connection:
+    if read_only:
+        uri = "file:" + urllib.parse.quote(db_path) + "?mode=ro"
+        conn = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False)
+    else:
+        conn = sqlite3.connect(db_path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA busy_timeout = 10000")
+    return conn
+
+
+@attrs.define(eq=False)
+class SqliteStore:
+    """A :class:`~ketten.interfaces.Store` in one SQLite database (see the module doc)."""
+
+    _path: str = attrs.field(alias="path")
+    _check_on_open: bool = attrs.field(default=True, alias="check_on_open")
+    _db_path: str = attrs.field(init=False)
+    _writer: sqlite3.Connection | None = attrs.field(default=None, init=False)
+    _reader: sqlite3.Connection | None = attrs.field(default=None, init=False)
+    _dir_lock: DirLock | None = attrs.field(default=None, init=False)
+    _write_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    _read_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    _heads: dict[bytes, tuple[int, bytes]] = attrs.field(factory=dict, init=False)
+    _page_size: int = attrs.field(default=4096, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._db_path = os.path.join(self._path, DB_NAME)
+
+    @property
+    def path(self) -> str:
+        """The store directory."""
+        return self._path
+
+    # -- lifecycle ---------------------------------------------------------
+
+    async def open(self) -> None:
+        """Open or create the store.
+
+        Raises :class:`~ketten.errors.StoreFormatError` (another format, a
+        newer schema, garbage: nothing on disk is changed),
+        :class:`~ketten.errors.StoreCorrupted` (damaged database) or
+        :class:`~ketten.errors.StoreError` (already open elsewhere).
+        """
+        if self._writer is not None:
+            raise StoreError(f"{self._path}: the store is already open")
+        await trio.to_thread.run_sync(self._open_sync)
+
+    def _open_sync(self) -> None:
+        check_existing(self._path)
+        os.makedirs(self._path, exist_ok=True)
+        writer = _connect(self._db_path, read_only=False)
+        lock = DirLock(self._db_path)
+        reader: sqlite3.Connection | None = None
+        try:
+            lock.acquire()
+            self._prepare(writer)
+            heads = {
+                criterion: (seq, digest)
+                for criterion, seq, digest in writer.execute(
+                    "SELECT criterion, head_seq, head_hash FROM chains"
+                )
+            }
+            reader = _connect(self._db_path, read_only=True)
+        except BaseException as exc:
+            if reader is not None:
+                reader.close()
+            writer.close()
+            lock.release()
+            if isinstance(exc, sqlite3.DatabaseError):
+                raise corrupted(self._db_path, exc, self._page_size) from None
+            raise
+        self._writer, self._reader, self._dir_lock, self._heads = writer, reader, lock, heads
+
+    def _prepare(self, writer: sqlite3.Connection) -> None:
+        mode = writer.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise StoreError(f"{self._db_path}: cannot switch to WAL mode (got {mode})")
+        writer.execute("PRAGMA synchronous = FULL")
+        migrate(writer, self._db_path)
+        # Put the schema version into the main file's header, where readers
+        # and the next open recognise the store without touching anything.
+        writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        self._page_size = writer.execute("PRAGMA page_size").fetchone()[0]
+        if self._check_on_open:
+            problems = [row[0] for row in writer.execute("PRAGMA quick_check")]
+            if problems != ["ok"]:
+                raise corrupted(
+                    self._db_path, sqlite3.DatabaseError("; ".join(problems[:3])),
+                    self._page_size,
+                )
+
+    async def aclose(self) -> None:
+        """Close the connections (the store can be opened again)."""
+        async with self._write_lock, self._read_lock:
+            writer, reader, lock = self._writer, self._reader, self._dir_lock
+            self._writer = self._reader = self._dir_lock = None
+            self._heads = {}
+
+            def close() -> None:
+                if reader is not None:
+                    reader.close()
+                if writer is not None:
+                    writer.close()
+                if lock is not None:
+                    lock.release()
+
+            await trio.to_thread.run_sync(close)
+
+    # -- plumbing ----------------------------------------------------------
+
+    def _conn(self, conn: sqlite3.Connection | None) -> sqlite3.Connection:
+        if conn is None:
+            raise StoreError(f"{self._path}: the sqlite store is not open")
+        return conn
+
+    def _check_open(self) -> None:
+        self._conn(self._writer)
+
+    async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        self._check_open()
+        async with self._read_lock:
+            conn = self._conn(self._reader)
+            return await self._in_thread(lambda: fn(conn))
+
+    def _transaction(self, conn: sqlite3.Connection, body: Callable[[], T]) -> T:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = body()
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return result
+
+    # -- writes ------------------------------------------------------------
+
+    async def append(self, events: Sequence[Event]) -> None:
+        """Append events, each extending its criterion's head, all or none; durable on return.
+
+        Raises :class:`~ketten.errors.StoreConflict` (position taken, broken
+        link, command id reused), :class:`~ketten.errors.StoreError` (not open),
+        :class:`~ketten.errors.StoreCorrupted`.
+        """
+        self._check_open()
+        if not events:
+            await trio.lowlevel.checkpoint()
+            return
+        async with self._write_lock:
+            conn = self._conn(self._writer)
+            pending: dict[bytes, tuple[int, bytes]] = {}
+            commands: set[tuple[bytes, bytes, int]] = set()
+            for event in events:
+                criterion = event.criterion
+                known = pending.get(criterion) or self._heads.get(criterion)
+                next_seq, head_hash = (known[0] + 1, known[1]) if known else (0, None)
+                if event.seq != next_seq or event.prev != head_hash:
+                    raise StoreConflict(
+                        f"criterion {_short(criterion)}: seq {event.seq} does not extend "
+                        f"the head (next seq {next_seq})"
+                    )
+                if event.command is not None:
+                    key = (criterion, event.author, event.command)
+                    if key in commands:
+                        raise StoreConflict(
+                            f"criterion {_short(criterion)}: command {event.command} of "
+                            f"author {_short(event.author)} is already in the chain"
+                        )
+                    commands.add(key)
+                pending[criterion] = (event.seq, event.hash)
+            rows = _rows(events)
+            heads = [(c, seq, digest) for c, (seq, digest) in pending.items()]
+
+            def write() -> None:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    conn.executemany(_INSERT, rows)
+                    conn.executemany(_SET_HEAD, heads)
+                except sqlite3.IntegrityError:
+                    conn.execute("ROLLBACK")
+                    raise StoreConflict(
+                        f"{self._path}: a command id (author, command) of this batch is "
+                        "already in its chain"
+                    ) from None
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+
+            await self._in_thread(write)
+            self._heads.update(pending)
+
+    async def _in_thread(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` in a worker thread; the caller holds the lock of its connection."""
+
+        def guarded() -> T:
+            try:
+                return fn()
+            except sqlite3.IntegrityError as exc:
+                raise StoreConflict(f"{self._path}: {exc}") from None
+            except sqlite3.DatabaseError as exc:
+                raise corrupted(self._db_path, exc, self._page_size) from None
+
+        return await trio.to_thread.run_sync(guarded)
+
+    async def replace_from(self, criterion: bytes, seq: int, events: Sequence[Event]) -> list[Event]:
+        """Orphan the main chain from ``seq`` on and append ``events`` in its place, atomically.
+
+        Returns the orphaned events. Raises :class:`~ketten.errors.StoreConflict`
+        (``seq`` beyond the head, replacement not linking, command id reused),
+        :class:`~ketten.errors.StoreError`, :class:`~ketten.errors.StoreCorrupted`.
+        """
+        self._check_open()
+        async with self._write_lock:
+            conn = self._conn(self._writer)
+            known = self._heads.get(criterion)
+            height = known[0] + 1 if known else 0
+            if not 0 <= seq <= height:
+                raise StoreConflict(
+                    f"cannot replace from seq {seq} of a chain of height {height}"
+                )
+
+            def replace() -> tuple[list[Event], tuple[int, bytes] | None]:
+                def body() -> tuple[list[Event], tuple[int, bytes] | None]:
+                    expected_prev: bytes | None = None
+                    if seq > 0:
+                        row = conn.execute(
+                            "SELECT hash FROM events WHERE criterion = ? AND orphan IS NULL"
+                            " AND seq = ?", (criterion, seq - 1),
+                        ).fetchone()
+                        if row is None:
+                            raise StoreConflict(f"seq {seq - 1} of the chain is missing")
+                        expected_prev = row[0]
+                    base_prev = expected_prev
+                    commands: set[tuple[bytes, int]] = set()
+                    for offset, event in enumerate(events):
+                        if (event.criterion != criterion or event.seq != seq + offset
+                                or event.prev != expected_prev):
+                            raise StoreConflict(
+                                f"replacement event seq {event.seq} does not extend "
+                                f"seq {seq + offset - 1}"
+                            )
+                        if event.command is not None:
+                            if (event.author, event.command) in commands:
+                                raise StoreConflict(
+                                    f"replacement reuses command {event.command}"
+                                )
+                            commands.add((event.author, event.command))
+                        expected_prev = event.hash
+                    removed = [
+                        decode_checked(self._db_path, criterion, s, digest, raw)
+                        for s, digest, raw in iter_main(conn, self._db_path, criterion, seq, None)
+                    ]
+                    number = conn.execute(
+                        "SELECT COALESCE(MAX(orphan), 0) + 1 FROM events"
+                        " WHERE criterion = ? AND orphan IS NOT NULL", (criterion,),
+                    ).fetchone()[0]
+                    conn.execute(
+                        "UPDATE events SET orphan = ? WHERE criterion = ? AND orphan IS NULL"
+                        " AND seq >= ?", (number, criterion, seq),
+                    )
+                    try:
+                        conn.executemany(_INSERT, _rows(events))
+                    except sqlite3.IntegrityError:
+                        raise StoreConflict("replacement reuses a command id of the chain") from None
+                    head: tuple[int, bytes] | None
+                    if events:
+                        head = (events[-1].seq, events[-1].hash)
+                    elif seq > 0:
+                        assert base_prev is not None
+                        head = (seq - 1, base_prev)
+                    else:
+                        head = None
+                    _store_head(conn, criterion, head)
+                    return removed, head
+
+                return self._transaction(conn, body)
+
+            removed, head = await self._in_thread(replace)
+            if head is None:
+                self._heads.pop(criterion, None)
+            else:
+                self._heads[criterion] = head
+            return removed
+
+    async def put_cursor(self, name: str, value: bytes) -> None:
+        """Store a cursor atomically and durably. Raises :class:`~ketten.errors.StoreError`."""
+        self._check_open()
+        data = bytes(value)
+        async with self._write_lock:
+            conn = self._conn(self._writer)
+            await self._in_thread(
+                lambda: conn.execute(
+                    "INSERT OR REPLACE INTO cursors (name, value) VALUES (?, ?)", (name, data)
+                )
+            )
+
+    async def quarantine(self, criterion: bytes, from_seq: int) -> int:
+        """Give up the chain of ``criterion`` from ``from_seq`` on, to repair it from peers.
+
+        The main chain is cut back to ``from_seq`` events (damaged or not),
+        damaged orphans of the chain are dropped, and the range is recorded
+        (see :meth:`quarantined`). Afterwards the head is ``from_seq - 1``, so
+        the normal sync fetches the rest again. Returns how many main-chain
+        events were removed. Raises :class:`~ketten.errors.StoreError`.
+        """
+        self._check_open()
+        from_seq = max(from_seq, 0)
+        async with self._write_lock:
+            conn = self._conn(self._writer)
+            known = self._heads.get(criterion)
+            height = known[0] + 1 if known else 0
+
+            def cut() -> tuple[int, tuple[int, bytes] | None]:
+                def body() -> tuple[int, tuple[int, bytes] | None]:
+                    removed = conn.execute(
+                        "DELETE FROM events WHERE criterion = ? AND orphan IS NULL AND seq >= ?",
+                        (criterion, from_seq),
+                    ).rowcount
+                    bad = []
+                    for row_id, seq, digest, raw in conn.execute(
+                        "SELECT id, seq, hash, raw FROM events WHERE criterion = ?"
+                        " AND orphan IS NOT NULL", (criterion,),
+                    ).fetchall():
+                        try:
+                            decode_checked(self._db_path, criterion, seq, digest, raw)
+                        except StoreError:
+                            bad.append((row_id,))
+                    conn.executemany("DELETE FROM events WHERE id = ?", bad)
+                    head: tuple[int, bytes] | None = None
+                    if from_seq > 0:
+                        row = conn.execute(
+                            "SELECT seq, hash FROM events WHERE criterion = ? AND orphan IS NULL"
+                            " AND seq = ?", (criterion, from_seq - 1),
+                        ).fetchone()
+                        head = (row[0], row[1]) if row else known
+                    _store_head(conn, criterion, head)
+                    if removed:
+                        conn.execute(
+                            "INSERT INTO quarantine (criterion, from_seq, old_height)"
+                            " VALUES (?, ?, ?) ON CONFLICT(criterion) DO UPDATE SET"
+                            " from_seq = min(from_seq, excluded.from_seq),"
+                            " old_height = max(old_height, excluded.old_height)",
+                            (criterion, from_seq, height),
+                        )
+                    return removed, head
+
+                return self._transaction(conn, body)
+
+            removed, head = await self._in_thread(cut)
+            if head is None:
+                self._heads.pop(criterion, None)
+            else:
+                self._heads[criterion] = head
+            return int(removed)
+
+    async def quarantined(self) -> dict[bytes, tuple[int, int]]:
+        """``{criterion: (from_seq, old_height)}`` of quarantined ranges not yet refilled.
+
+        A range counts as refilled once the chain is as high as before.
+        Raises :class:`~ketten.errors.StoreError`.
+        """
+        rows = await self._read(
+            lambda conn: conn.execute(
+                "SELECT criterion, from_seq, old_height FROM quarantine"
+            ).fetchall()
+        )
+        out = {}
+        for criterion, from_seq, old_height in rows:
+            known = self._heads.get(criterion)
+            if (known[0] + 1 if known else 0) < old_height:
+                out[criterion] = (from_seq, old_height)
+        return out
+
+    # -- reads -------------------------------------------------------------
+
+    async def get(self, event_hash: bytes) -> Event | None:
+        """The event with this hash (main chain or orphan), or ``None``.
+
+        Raises :class:`~ketten.errors.StoreCorrupted`, :class:`~ketten.errors.StoreError`.
+        """
+
+        def get(conn: sqlite3.Connection) -> Event | None:
+            row = conn.execute(
+                "SELECT criterion, seq, raw FROM events WHERE hash = ? LIMIT 1", (event_hash,)
+            ).fetchone()
+            if row is None:
+                return None
+            return decode_checked(self._db_path, row[0], row[1], event_hash, row[2])
+
+        return await self._read(get)
+
+    async def head(self, criterion: bytes) -> Event | None:
+        """The head of the chain, or ``None``. Raises :class:`~ketten.errors.StoreCorrupted`."""
+
+        def head(conn: sqlite3.Connection) -> Event | None:
+            row = conn.execute(
+                "SELECT e.seq, e.hash, e.raw FROM chains c JOIN events e"
+                " ON e.criterion = c.criterion AND e.seq = c.head_seq AND e.orphan IS NULL"
+                " WHERE c.criterion = ?", (criterion,),
+            ).fetchone()
+            if row is None:
+                return None
+            return decode_checked(self._db_path, criterion, row[0], row[1], row[2])
+
+        return await self._read(head)
+
+    async def heads(self) -> Mapping[bytes, tuple[int, bytes]]:
+        """``{criterion: (head seq, head hash)}``. Raises :class:`~ketten.errors.StoreError`."""
+        return await self._read(
+            lambda conn: {
+                c: (seq, digest)
+                for c, seq, digest in conn.execute(
+                    "SELECT criterion, head_seq, head_hash FROM chains"
+                )
+            }
+        )
+
+    async def range(self, criterion: bytes, start: int = 0, stop: int | None = None) -> list[Event]:
+        """Main-chain events with ``start <= seq < stop``, in order.
+
+        Raises :class:`~ketten.errors.StoreCorrupted` (the range holds a damaged
+        record: nothing is returned), :class:`~ketten.errors.StoreError`.
+        """
+        return await self._read(
+            lambda conn: [
+                decode_checked(self._db_path, criterion, seq, digest, raw)
+                for seq, digest, raw in iter_main(conn, self._db_path, criterion, start, stop)
+            ]
+        )
+
+    async def by_command(self, criterion: bytes, author: bytes, command: int) -> Event | None:
+        """The main-chain event with this command id, or ``None``.
+
+        Raises :class:`~ketten.errors.StoreCorrupted`, :class:`~ketten.errors.StoreError`.
+        """
+        if not 0 <= command <= MAX_SEQ:
+            self._check_open()
+            await trio.lowlevel.checkpoint()
+            return None
+
+        def lookup(conn: sqlite3.Connection) -> Event | None:
+            row = conn.execute(
+                "SELECT seq, hash, raw FROM events WHERE criterion = ? AND author = ?"
+                " AND command = ? AND orphan IS NULL", (criterion, author, command),
+            ).fetchone()
+            if row is None:
+                return None
+            return decode_checked(self._db_path, criterion, row[0], row[1], row[2])
+
+        return await self._read(lookup)
+
+    async def orphans(self, criterion: bytes) -> list[Event]:
+        """Events that lost a fork, oldest first. Raises :class:`~ketten.errors.StoreCorrupted`."""
+        return await self._read(
+            lambda conn: [
+                decode_checked(self._db_path, criterion, seq, digest, raw)
+                for seq, digest, raw in iter_orphans(conn, self._db_path, criterion)
+            ]
+        )
+
+    async def get_cursor(self, name: str) -> bytes | None:
+        """A stored cursor, or ``None``. Raises :class:`~ketten.errors.StoreError`."""
+
+        def get(conn: sqlite3.Connection) -> bytes | None:
+            row = conn.execute("SELECT value FROM cursors WHERE name = ?", (name,)).fetchone()
+            return None if row is None else bytes(row[0])
+
+        return await self._read(get)
+
+
+def _store_head(conn: sqlite3.Connection, criterion: bytes, head: tuple[int, bytes] | None) -> None:
+    if head is None:
+        conn.execute("DELETE FROM chains WHERE criterion = ?", (criterion,))
+    else:
+        conn.execute(_SET_HEAD, (criterion, head[0], head[1]))
+
+
+class SqliteReader:
+    """Read-only access to a sqlite store directory (a :class:`~ketten.interfaces.StoreReader`).
+
+    Each call reads one consistent WAL snapshot, also while a node writes.
+    Raises :class:`~ketten.errors.StoreFormatError` when opened on a
+    directory that is not a readable sqlite store.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._path = os.path.abspath(path)
+        self._db_path = os.path.join(self._path, DB_NAME)
+        if not check_existing(self._path):
+            raise StoreFormatError(f"{self._path}: no sqlite store here")
+        try:
+            self._conn: sqlite3.Connection | None = _connect(self._db_path, read_only=True)
+        except sqlite3.DatabaseError as exc:
+            raise corrupted(self._db_path, exc) from None
+
+    def _c(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(f"{self._path}: the reader is closed")
+        return self._conn
+
+    def _guard(self, fn: Callable[[], T]) -> T:
+        try:
+            return fn()
+        except sqlite3.DatabaseError as exc:
+            raise corrupted(self._db_path, exc) from None
+
+    def criteria(self) -> list[bytes]:
+        """Keys of every stored chain, sorted."""
+        return self._guard(lambda: [
+            row[0] for row in self._c().execute("SELECT criterion FROM chains ORDER BY criterion")
+        ])
+
+    def heads(self) -> Mapping[bytes, tuple[int, bytes]]:
+        """``{criterion: (head seq, head hash)}``."""
+        return self._guard(lambda: {
+            c: (s, h) for c, s, h in self._c().execute(
+                "SELECT criterion, head_seq, head_hash FROM chains ORDER BY criterion"
+            )
+        })
+
+    def read_encoded(
+        self, criterion: bytes, start: int = 0, stop: int | None = None
+    ) -> Iterator[tuple[int, bytes]]:
+        """``(seq, canonical bytes)`` of the main chain, ``start <= seq < stop``, checked."""
+        rows = iter_main(self._c(), self._db_path, criterion, start, stop)
+        while True:
+            try:
+                seq, _, raw = next(rows)
+            except StopIteration:
+                return
+            except sqlite3.DatabaseError as exc:
+                raise corrupted(self._db_path, exc) from None
+            yield seq, raw
+
+    def orphans_encoded(self, criterion: bytes) -> Iterator[bytes]:
+        """Canonical bytes of the orphans of a chain, oldest first, checked."""
+        rows = self._guard(lambda: list(iter_orphans(self._c(), self._db_path, criterion)))
+        for _, _, raw in rows:
+            yield raw
+
+    def close(self) -> None:
+        """Close the connection."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+@hookimpl
+def ketten_plugin_names() -> Mapping[str, list[str]]:
+    return {"store": ["sqlite"]}
+
+
+@hookimpl
+def ketten_make_store(name: str, options: Mapping[str, Any], node: Node) -> SqliteStore | None:
+    if name != "sqlite":
+        return None
+    check = options.get("check_on_open", True)
+    if not isinstance(check, bool):
+        raise ConfigError(f"store option 'check_on_open' must be a bool, got {check!r}")
+    return SqliteStore(path=store_path(options, "sqlite"), check_on_open=check)
+
+
+@hookimpl
+def ketten_open_store_reader(path: str) -> SqliteReader | None:
+    if not owns_directory(path):
+        return None
+    return SqliteReader(path)

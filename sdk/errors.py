@@ -183,12 +183,19 @@ class StoreConflict(StoreError):
 class StoreCorrupted(StoreError):
     """Stored data failed its integrity check.
 
-    ``path`` and ``offset`` say where the damage is, when the store knows.
+    ``path`` and ``offset`` say where the damage is, ``criterion`` and ``seq``
+    which chain position it hit, when the store knows; a node can quarantine
+    that chain from ``seq`` on and refill it from peers.
     """
 
-    def __init__(self, message: str, *, path: str = "", offset: int | None = None) -> None:
+    def __init__(
+        self, message: str, *, path: str = "", offset: int | None = None,
+        criterion: bytes | None = None, seq: int | None = None,
+    ) -> None:
         self.path = path
         self.offset = offset
+        self.criterion = criterion
+        self.seq = seq
         where = path + (f" at offset {offset}" if offset is not None else "")
         super().__init__(f"{where}: {message}" if where else message)
 

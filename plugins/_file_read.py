@@ -1,0 +1,177 @@
+"""Checked reads of events from the segments of a ``file`` store.
+
+Shared by the store and its offline reader. Consecutive frames are fetched
+with one ``pread``; every frame's checksum and every event's hash and chain
+position are checked before its bytes are returned.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Iterator, Sequence
+from hashlib import sha256
+
+import attrs
+from ketten.errors import StoreCorrupted, StoreError
+
+from . import _file_format as fmt
+from ._file_index import ChainIndex, Index, Loc, Segment, replay
+from ._store_records import event_prefix, uint_bytes
+
+__all__ = [
+    "MainSlice", "SegmentFiles", "load_index", "read_main", "read_one", "read_orphans",
+    "snapshot",
+]
+
+_CHUNK = 4 << 20
+_HEAD = b"\x8b\x01\x58\x20"
+
+
+class SegmentFiles:
+    """Read-only file descriptors of the segments of one store directory."""
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._fds: dict[int, int] = {}
+
+    def path_of(self, number: int) -> str:
+        return os.path.join(self._path, fmt.segment_name(number))
+
+    def _fd(self, number: int) -> int:
+        fd = self._fds.get(number)
+        if fd is None:
+            fd = self._fds[number] = os.open(self.path_of(number), os.O_RDONLY)
+        return fd
+
+    def bodies(self, locs: Sequence[Loc]) -> Iterator[tuple[Loc, bytes]]:
+        """The checksum-verified body of the frame at each location, in order."""
+        i = 0
+        while i < len(locs):
+            seg, start, end = locs[i]
+            j = i + 1
+            while (j < len(locs) and locs[j][0] == seg and locs[j][1] == locs[j - 1][2]
+                   and locs[j][2] - start <= _CHUNK):
+                end = locs[j][2]
+                j += 1
+            try:
+                chunk = os.pread(self._fd(seg), end - start, start)
+            except OSError as exc:
+                raise StoreError(f"{self.path_of(seg)}: cannot read: {exc}") from exc
+            size = len(chunk)
+            for seg_, off, frame_end in locs[i:j]:
+                found = fmt.parse_frame(chunk, off - start, size)
+                if found is None or found[2] != frame_end - start or found[0] != fmt.EVENT:
+                    raise StoreCorrupted(
+                        "frame checksum mismatch or truncated frame",
+                        path=self.path_of(seg_), offset=off,
+                    )
+                yield (seg_, off, frame_end), chunk[found[1] : found[2]]
+            i = j
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds = {}
+
+
+def snapshot(chain: ChainIndex, start: int, stop: int | None) -> MainSlice:
+    """The locations and hashes of ``[start, stop)``, taken where the index is mutated."""
+    start = max(start, 0)
+    stop = chain.height if stop is None else min(stop, chain.height)
+    if stop <= start:
+        return MainSlice(start, [], [], None)
+    prev = chain.hashes[start - 1] if start > 0 else None
+    return MainSlice(start, chain.locs[start:stop], chain.hashes[start:stop], prev)
+
+
+@attrs.frozen
+class MainSlice:
+    start: int
+    locs: list[Loc]
+    hashes: list[bytes | None]
+    prev: bytes | None
+
+
+def read_main(
+    files: SegmentFiles, criterion: bytes, part: MainSlice
+) -> Iterator[tuple[int, bytes, bytes, Loc]]:
+    """``(seq, hash, raw, location)`` of a slice of the main chain, each checked."""
+    prev = part.prev
+    seq = part.start
+    for (loc, raw), digest in zip(files.bodies(part.locs), part.hashes):
+        if digest is None:
+            raise _damaged(files, criterion, seq, loc, "the record is damaged")
+        if seq > 0 and prev is None:
+            ok = raw.startswith(_HEAD + criterion + uint_bytes(seq))
+        else:
+            ok = raw.startswith(event_prefix(criterion, seq, prev))
+        if not ok or _sha(raw) != digest:
+            raise _damaged(files, criterion, seq, loc, "the record does not match its index entry")
+        yield seq, digest, raw, loc
+        prev = digest
+        seq += 1
+
+
+def read_orphans(
+    files: SegmentFiles, criterion: bytes, entries: list[tuple[Loc, int, bytes | None]]
+) -> Iterator[tuple[int, bytes, bytes, Loc]]:
+    """``(seq, hash, raw, location)`` of orphans (a copy of the list), oldest first, checked."""
+    for (loc, raw), (_, seq, digest) in zip(files.bodies([e[0] for e in entries]), entries):
+        if digest is None or not raw.startswith(_HEAD + criterion + uint_bytes(seq)) or (
+            _sha(raw) != digest
+        ):
+            raise _damaged(files, criterion, seq, loc, "the orphaned record is damaged")
+        yield seq, digest, raw, loc
+
+
+def read_one(files: SegmentFiles, loc: Loc, digest: bytes) -> bytes:
+    """The checked bytes of the event with hash ``digest`` at ``loc``."""
+    for _, raw in files.bodies([loc]):
+        if _sha(raw) == digest:
+            return raw
+    raise StoreCorrupted("the record does not match its hash", path=files.path_of(loc[0]),
+                        offset=loc[1])
+
+
+def _sha(raw: bytes) -> bytes:
+    return sha256(raw).digest()
+
+
+def _damaged(files: SegmentFiles, criterion: bytes, seq: int, loc: Loc, why: str) -> StoreCorrupted:
+    return StoreCorrupted(
+        f"event seq {seq} of criterion {criterion.hex()[:16]}: {why}; the range is refused "
+        "(quarantine it and repair it from peers)",
+        path=files.path_of(loc[0]), offset=loc[1], criterion=criterion, seq=seq,
+    )
+
+
+def load_index(path: str, spans: dict[tuple[int, int], int]) -> tuple[Index, tuple[int, int], list[int]]:
+    """Replay the segments of ``path`` read-only.
+
+    Returns the index, where valid data ends, and the segment numbers.
+    Raises :class:`~ketten.errors.StoreCorrupted`.
+    """
+    numbers = fmt.segment_numbers(os.listdir(path))
+    if numbers and numbers != list(range(len(numbers))):
+        missing = sorted(set(range(numbers[-1] + 1)) - set(numbers))
+        raise StoreCorrupted(f"segment {fmt.segment_name(missing[0])} is missing", path=path)
+    segments: list[Segment] = []
+    maps: list[mmap.mmap] = []
+    try:
+        for number in numbers:
+            seg_path = os.path.join(path, fmt.segment_name(number))
+            with open(seg_path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                data: bytes | mmap.mmap = b""
+                if size:
+                    data = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+                    maps.append(data)
+            segments.append(Segment(number, seg_path, data, size))
+        index = Index()
+        end = replay(index, segments, spans)
+        index.finish()
+    finally:
+        for m in maps:
+            m.close()
+    return index, end, numbers
