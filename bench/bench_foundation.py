@@ -17,9 +17,10 @@ import time
 from collections.abc import Callable
 
 import cbor2
-import ketten
 import trio
 import trio.testing
+
+import ketten
 from ketten import Chain, Event, Identity, Verify, criterion_key, scan_encoded_chain
 from ketten.adapters.memory import MemoryNetwork
 

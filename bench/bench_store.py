@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 import trio
+
 from ketten import Event, Identity, criterion_key
 from ketten.interfaces import Store
 from ketten.plugins import _file_format as fmt

@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 
-import ketten
 import trio
 import trio.testing
+
+import ketten
 from ketten.adapters.memory import Faults, MemoryNetwork
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import ketten
 import pluggy
 import pytest
 import trio.testing
+
+import ketten
 
 
 @pytest.fixture(scope="session")

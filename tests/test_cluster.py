@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import trio
 import trio.testing
+
 from ketten import KettenError, Node, criterion_key
 from ketten.adapters.memory import Faults, MemoryNetwork
 from ketten.testing import deterministic_identity, open_cluster, seed_scheduler

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from ketten import Event, Identity, criterion_key
 from ketten.errors import ConfigError, HoldbackFull, UsageError
 from ketten.interfaces import Delivery

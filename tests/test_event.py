@@ -7,6 +7,7 @@ import cbor2
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from ketten import DecodeError, Event, Identity, InvalidSignature, UsageError, criterion_key
 
 IDENTITY = Identity.from_seed(b"\x01" * 32)

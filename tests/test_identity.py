@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 
 import pytest
+
 from ketten import ConfigError, DecodeError, Identity, UsageError, criterion_key, verify_signature
 
 

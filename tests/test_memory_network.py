@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 import trio
 import trio.testing
+
 from ketten import ConfigError, Identity, PeerUnreachable, RemoteError, UsageError
 from ketten.adapters._netmodel import Faults, NetworkModel
 from ketten.adapters.memory import MemoryNetwork, MemoryTransport

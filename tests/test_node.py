@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import attrs
-import ketten
 import pluggy
 import pytest
 import trio
 import trio.testing
+
+import ketten
 from ketten import (
     BrokenLink,
     ConfigError,

@@ -7,10 +7,11 @@ import sys
 import types
 from pathlib import Path
 
-import ketten
 import pluggy
 import pytest
 import trio
+
+import ketten
 from ketten import ConfigError, NodeConfig, PluginNotFound, criterion_key, hookimpl
 from ketten.adapters.memory import MemoryNetwork
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import trio
+
 from ketten import Chain, Verify
 from ketten.interfaces import Store
 from ketten.plugins.file_store import FileStore

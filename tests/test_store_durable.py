@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+
 from ketten import Event, Identity, NodeConfig, Verify, criterion_key, open_node, plugin_manager
 from ketten._chain import scan_encoded_chain
 from ketten.adapters.memory import MemoryNetwork

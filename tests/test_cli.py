@@ -1,0 +1,71 @@
+"""The ketten command line."""
+
+from __future__ import annotations
+
+import sqlite3
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pluggy
+import pytest
+import trio
+
+import ketten
+from ketten import NodeConfig, criterion_key
+from ketten._cli import main
+from ketten.adapters.memory import MemoryNetwork
+
+
+async def write_store(path: Path, store: str, plugins: pluggy.PluginManager) -> None:
+    config = NodeConfig(store=store, options={"store": {"path": str(path)},
+                                              "transport": {"network": MemoryNetwork()}})
+    async with ketten.open_node(config, plugins=plugins) as node:
+        for name in ("a", "b"):
+            for i in range(20):
+                await node.append_local(criterion_key(name), b"%s-%d" % (name.encode(), i))
+
+
+@pytest.mark.parametrize("store", ["sqlite", "file"])
+async def test_verify_store_directories(
+    tmp_path: Path, store: str, plugins: pluggy.PluginManager, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await write_store(tmp_path / "n1", store, plugins)
+    assert await trio.to_thread.run_sync(main, ["verify", str(tmp_path / "n1")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("20 events ok") == 2
+    assert await trio.to_thread.run_sync(main, ["verify", str(tmp_path)]) == 1
+    assert "not a ketten store directory" in capsys.readouterr().out
+
+
+async def test_verify_reports_a_damaged_chain(
+    tmp_path: Path, plugins: pluggy.PluginManager, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await write_store(tmp_path / "n1", "sqlite", plugins)
+    db = next((tmp_path / "n1").glob("*.sqlite3"))
+    with sqlite3.connect(db) as conn:
+        tables = [r[0] for r in conn.execute("select name from sqlite_master where type='table'")]
+    raw = db.read_bytes()
+    marker = b"a-7"
+    index = raw.find(marker)
+    assert index > 0, tables
+    db.write_bytes(raw[:index] + b"a-8" + raw[index + 3 :])
+    assert await trio.to_thread.run_sync(main, ["verify", str(tmp_path / "n1")]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED" in out and criterion_key("a").hex() in out
+    assert out.count("20 events ok") == 1
+
+
+def test_plugins_and_keygen(tmp_path: Path) -> None:
+    listed = subprocess.run([sys.executable, "-m", "ketten._cli", "plugins"],
+                            check=True, capture_output=True, text=True).stdout
+    assert "sqlite" in listed and "memory" in listed
+    key = tmp_path / "node.key"
+    out = subprocess.run([sys.executable, "-m", "ketten._cli", "keygen", str(key)],
+                         check=True, capture_output=True, text=True).stdout.strip()
+    assert stat.S_IMODE(key.stat().st_mode) == 0o600
+    assert ketten.Identity.load(key).node_id.hex() == out
+    again = subprocess.run([sys.executable, "-m", "ketten._cli", "keygen", str(key)],
+                           capture_output=True, text=True)
+    assert again.returncode == 2 and "overwrite" in again.stderr
