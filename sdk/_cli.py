@@ -28,6 +28,27 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_chains(args: argparse.Namespace) -> int:
+    """List the chains of store directories with their heights and head hashes."""
+    pm = plugin_manager()
+    missing = 0
+    for path in args.paths:
+        reader = pm.hook.ketten_open_store_reader(path=path)
+        if reader is None:
+            print(f"{path}: not a ketten store directory (no installed store plugin reads it)")
+            missing += 1
+            continue
+        try:
+            heads = reader.heads()
+            print(f"{path}: {len(heads)} chains")
+            for criterion in sorted(heads):
+                seq, head = heads[criterion]
+                print(f"  {criterion.hex()}  {seq + 1:>10} events  head {head.hex()[:16]}")
+        finally:
+            reader.close()
+    return 1 if missing else 0
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     """Check every chain of one or more store directories, offline."""
     pm = plugin_manager()
@@ -65,6 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = sub.add_parser("keygen", help="write a new private key file (mode 0600)")
     p.add_argument("path")
     p.set_defaults(run=_cmd_keygen)
+    p = sub.add_parser("chains", help="list the chains in store directories")
+    p.add_argument("paths", nargs="+")
+    p.set_defaults(run=_cmd_chains)
     p = sub.add_parser("verify", help="verify every chain in store directories")
     p.add_argument("paths", nargs="+")
     p.add_argument("--verify", default="full", choices=[v.value for v in Verify])

@@ -37,6 +37,10 @@ async def test_verify_store_directories(
     assert out.count("20 events ok") == 2
     assert await trio.to_thread.run_sync(main, ["verify", str(tmp_path)]) == 1
     assert "not a ketten store directory" in capsys.readouterr().out
+    assert await trio.to_thread.run_sync(main, ["chains", str(tmp_path / "n1")]) == 0
+    listing = capsys.readouterr().out
+    assert "2 chains" in listing
+    assert f"{criterion_key('a').hex()}          20 events" in listing
 
 
 async def test_verify_reports_a_damaged_chain(
