@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
+
 from ketten.errors import ConfigError, HoldbackFull
 
 __all__ = [

@@ -78,7 +78,8 @@ position whose arrival or delivery can release it. An arrival or delivery
 wakes only the candidates filed under that position, and each candidate
 resumes its scan of the criteria where it stopped (a criterion once found
 clear stays clear), so the work per event is one pass over the subscribed
-criteria plus one step per wake-up: nothing ever rescans the queue.
+criteria plus one step per wake-up: nothing ever rescans the queue. An
+event's stamp is decoded once, when it becomes its chain's candidate.
 
 The queue is bounded by ``max_held``: an event that would wait while the
 queue is full is refused with :class:`HoldbackFull` (the queue is unchanged)
@@ -100,13 +101,16 @@ calls ``node.clock.observe(event.clock)`` for each of them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from itertools import compress, count, islice, repeat
+from operator import le
 from typing import TYPE_CHECKING, Any
 
 import attrs
+
 from ketten import Event, hookimpl
 from ketten.errors import ConfigError, DecodeError, UsageError
 
-from ._clock_vector import DEFAULT_MAX_AUTHORS, decode_vector
+from ._clock_vector import DEFAULT_MAX_AUTHORS, VectorDecoder
 from ._holdback import (
     DEFAULT_MAX_HELD,
     DeliveryStatistics,
@@ -121,42 +125,37 @@ if TYPE_CHECKING:
 
 __all__ = ["CausalDelivery", "DeliveryStatistics", "HoldbackFull"]
 
-_Slot = tuple[bytes, int]
 _MAX_ABOVE = 1024
 _ABOVE_ALL = 1 << 64
+"""The counter of an unstamped event: above every counter, so it never precedes anything."""
+_NOBODY = b""
+"""An author no stamp names (keys are 32 bytes): ``need.get(_NOBODY, 0)`` is 0."""
 
 
 def _as_tuple(criteria: Iterable[bytes]) -> tuple[bytes, ...]:
     return tuple(criteria)
 
 
-class _Held:
-    """An offered event with what the queue needs to know about it."""
+class _Candidate:
+    """The next undelivered event of a chain, with its decoded stamp."""
 
-    __slots__ = ("as_dependency", "counter", "cursor", "event", "index", "need", "stored", "vector")
+    __slots__ = ("author", "counter", "cursor", "event", "index", "need", "stored")
 
     def __init__(
-        self,
-        event: Event,
-        vector: dict[bytes, int] | None,
-        need: dict[bytes, int],
-        counter: int,
-        index: int,
-        as_dependency: tuple[bytes, int],
+        self, event: Event, need: dict[bytes, int], counter: int, index: int, stored: bool
     ) -> None:
         self.event = event
-        self.vector = vector
+        self.author = event.author
         self.need = need
-        """``V`` with the own entry lowered by one: what must precede the event."""
+        """The stamp ``V`` with the own entry lowered by one: what must precede the event."""
         self.counter = counter
-        """The author's own entry in the stamp (0: unstamped)."""
+        """The author's own entry in the stamp; ``_ABOVE_ALL`` for an unstamped event."""
         self.index = index
         """Position of the event's criterion in the subscription."""
-        self.as_dependency = as_dependency
-        """``(author, counter)``; the counter of an unstamped event is above every counter."""
         self.cursor = 0
         """The criteria before this index are known to hold nothing the event needs."""
-        self.stored = False
+        self.stored = stored
+        """Whether the event counts as held."""
 
 
 @attrs.define(eq=False, on_setattr=attrs.setters.NO_OP)
@@ -165,35 +164,64 @@ class CausalDelivery:
 
     _criteria: tuple[bytes, ...] = attrs.field(alias="criteria", converter=_as_tuple)
     _start: Mapping[bytes, int | None] = attrs.field(factory=dict, alias="start")
-    _heads: dict[bytes, int] = attrs.field(factory=dict, alias="heads")
+    _heads: Mapping[bytes, int] = attrs.field(factory=dict, alias="heads")
     _max_held: int = attrs.field(default=DEFAULT_MAX_HELD, alias="max_held")
     _max_authors: int = attrs.field(default=DEFAULT_MAX_AUTHORS, alias="max_authors")
-    _next: dict[bytes, int] = attrs.field(factory=dict, init=False)
-    _held: dict[bytes, dict[int, _Held]] = attrs.field(factory=dict, init=False)
-    _frontier: dict[bytes, dict[bytes, int]] = attrs.field(factory=dict, init=False)
-    _last: dict[bytes, tuple[bytes, int]] = attrs.field(factory=dict, init=False)
-    """Author and own counter of the last delivered stamped event of each criterion."""
+    _decode: VectorDecoder = attrs.field(init=False)
+    _count: int = attrs.field(default=0, init=False)
+    _index: dict[bytes, int] = attrs.field(factory=dict, init=False)
+    # Per criterion index:
+    _next: list[int] = attrs.field(factory=list, init=False)
+    _head: list[int | None] = attrs.field(factory=list, init=False)
+    """The highest seq known to exist (-1: the chain is empty), ``None`` if unknown."""
+    _held: list[dict[int, Event]] = attrs.field(factory=list, init=False)
+    """Events after the candidate, by seq."""
+    _candidate: list[_Candidate | None] = attrs.field(factory=list, init=False)
+    _last: list[_Candidate | None] = attrs.field(factory=list, init=False)
+    """The last delivered stamped event."""
+    # What the next undelivered event of each criterion is known as, for the
+    # scan in ``_blocker``: criterion ``i`` needs a closer look for an event
+    # needing ``need`` iff ``_dep_counter[i] <= need.get(_dep_author[i], 0)``.
+    # A candidate: its author and own counter. No candidate: the last
+    # delivered event's (clear unless that one happened before), or
+    # (``_NOBODY``, 0) (always look), or (``_NOBODY``, ``_ABOVE_ALL``) once the
+    # chain is delivered up to its head (never look). One more entry,
+    # (``_NOBODY``, 0), ends every scan.
+    _dep_author: list[bytes] = attrs.field(factory=list, init=False)
+    _dep_counter: list[int] = attrs.field(factory=list, init=False)
     _dense: dict[bytes, int] = attrs.field(factory=dict, init=False)
     """Per author, the largest ``c`` such that its counters ``1..c`` are all delivered."""
     _above: dict[bytes, set[int]] = attrs.field(factory=dict, init=False)
-    _waiting: dict[_Slot, list[_Held]] = attrs.field(factory=dict, init=False)
-    _index: dict[bytes, int] = attrs.field(factory=dict, init=False)
-    _candidates: list[tuple[bytes, int] | None] = attrs.field(factory=list, init=False)
-    """Per criterion index: ``as_dependency`` of its next event if that is held."""
+    """Per author, delivered counters above its dense prefix."""
+    _waiting: dict[int, list[_Candidate]] = attrs.field(factory=dict, init=False)
+    """Candidates by the position they wait for, ``seq * count + criterion index``."""
     _held_count: int = attrs.field(default=0, init=False)
-    _stats: dict[str, int] = attrs.field(factory=dict, init=False)
+    _offered: int = attrs.field(default=0, init=False)
+    _delivered: int = attrs.field(default=0, init=False)
+    _duplicates: int = attrs.field(default=0, init=False)
+    _conflicts: int = attrs.field(default=0, init=False)
+    _peak_held: int = attrs.field(default=0, init=False)
+    _refused: int = attrs.field(default=0, init=False)
+    _wakeups: int = attrs.field(default=0, init=False)
+    _unstamped: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
         if not self._criteria:
             raise UsageError("a causal delivery needs at least one criterion")
-        self._stats = dict.fromkeys(attrs.fields_dict(DeliveryStatistics), 0)
+        self._decode = VectorDecoder(max_authors=self._max_authors)
+        self._count = len(self._criteria)
         for index, criterion in enumerate(self._criteria):
             self._index[criterion] = index
-            self._candidates.append(None)
-            self._next[criterion] = self._start.get(criterion) or 0
-            self._held[criterion] = {}
-            self._frontier[criterion] = {}
-        self._heads = {k: v for k, v in self._heads.items() if k in self._next}
+            self._next.append(self._start.get(criterion) or 0)
+            self._head.append(self._heads.get(criterion))
+            self._held.append({})
+            self._candidate.append(None)
+            self._last.append(None)
+            self._dep_author.append(_NOBODY)
+            self._dep_counter.append(0)
+            self._refresh(index)
+        self._dep_author.append(_NOBODY)
+        self._dep_counter.append(0)
 
     # -- public API ----------------------------------------------------------
 
@@ -204,41 +232,58 @@ class CausalDelivery:
         that is not subscribed and :class:`HoldbackFull` when the event would
         have to wait and the queue is at its bound (the event is not taken).
         """
-        criterion = event.criterion
-        nxt = self._next.get(criterion)
-        if nxt is None:
-            raise UsageError(f"criterion {criterion.hex()[:16]} is not one this queue delivers")
-        stats = self._stats
-        stats["offered"] += 1
+        index = self._index.get(event.criterion)
+        if index is None:
+            raise UsageError(
+                f"criterion {event.criterion.hex()[:16]} is not one this queue delivers"
+            )
+        self._offered += 1
         seq = event.seq
+        nxt = self._next[index]
         if seq < nxt:
-            stats["duplicates"] += 1
+            self._duplicates += 1
             return []
-        chain = self._held[criterion]
-        other = chain.get(seq)
-        if other is not None:
-            stats["duplicates"] += 1
-            if other.event.hash != event.hash:
-                stats["conflicts"] += 1
-            return []
-        head = self._heads.get(criterion)
-        if head is not None and seq > head:
-            self._heads[criterion] = seq
-        held = self._make_held(event)
+        head = self._head[index]
+        raised = head is not None and seq > head
+        if raised:
+            self._head[index] = seq
         if seq != nxt:
-            self._store(held, chain)
+            chain = self._held[index]
+            other = chain.get(seq)
+            if other is not None:
+                self._count_duplicate(other, event)
+                return []
+            if self._held_count >= self._max_held:
+                self._refused += 1
+                raise HoldbackFull(event.criterion, seq, self._max_held)
+            chain[seq] = event
+            self._held_count += 1
+            if self._held_count > self._peak_held:
+                self._peak_held = self._held_count
+            if raised and self._candidate[index] is None:
+                self._refresh(index)
             return []
+        waiting = self._candidate[index]
+        if waiting is not None:
+            self._count_duplicate(waiting.event, event)
+            return []
+        held = self._make_candidate(event, index, False)
         blocker = self._blocker(held)
         out: list[Event] = []
         if blocker is None:
             self._run([held], out)
             return out
-        self._store(held, chain)
-        self._candidates[held.index] = held.as_dependency
+        try:
+            self._hold(event)
+        except HoldbackFull:
+            self._candidate[index] = None
+            self._refresh(index)
+            raise
+        held.stored = True
         self._wait(blocker, held)
-        woken = self._waiting.pop((criterion, seq), None)
+        woken = self._waiting.pop(seq * self._count + index, None)
         if woken:
-            stats["wakeups"] += len(woken)
+            self._wakeups += len(woken)
             self._run(woken, out)
         return out
 
@@ -249,21 +294,24 @@ class CausalDelivery:
         :class:`~ketten.errors.UsageError` for a criterion that is not
         subscribed or a negative seq.
         """
-        nxt = self._next.get(criterion)
-        if nxt is None:
+        index = self._index.get(criterion)
+        if index is None:
             raise UsageError(f"criterion {criterion.hex()[:16]} is not one this queue delivers")
         if seq is None:
             seq = -1
         elif type(seq) is not int or seq < 0:
             raise UsageError(f"a head seq must be an int >= 0 or None, got {seq!r}")
-        known = self._heads.get(criterion)
+        known = self._head[index]
         if known is None or seq > known:
-            self._heads[criterion] = seq
+            self._head[index] = known = seq
+            if self._candidate[index] is None:
+                self._refresh(index)
         out: list[Event] = []
-        if nxt > self._heads[criterion]:
-            woken = self._waiting.pop((criterion, nxt), None)
+        nxt = self._next[index]
+        if nxt > known:
+            woken = self._waiting.pop(nxt * self._count + index, None)
             if woken:
-                self._stats["wakeups"] += len(woken)
+                self._wakeups += len(woken)
                 self._run(woken, out)
         return out
 
@@ -276,142 +324,208 @@ class CausalDelivery:
 
         Raises :class:`~ketten.errors.UsageError` for a criterion not subscribed.
         """
-        nxt = self._next.get(criterion)
-        if nxt is None:
+        index = self._index.get(criterion)
+        if index is None:
             raise UsageError(f"criterion {criterion.hex()[:16]} is not one this queue delivers")
-        return nxt
+        return self._next[index]
 
     def statistics(self) -> DeliveryStatistics:
         """A frozen snapshot of the counters."""
-        return DeliveryStatistics(**{**self._stats, "held": self._held_count})
+        return DeliveryStatistics(
+            offered=self._offered,
+            delivered=self._delivered,
+            duplicates=self._duplicates,
+            conflicts=self._conflicts,
+            held=self._held_count,
+            peak_held=self._peak_held,
+            refused=self._refused,
+            wakeups=self._wakeups,
+            unstamped=self._unstamped,
+        )
 
     # -- internals -------------------------------------------------------------
 
-    def _make_held(self, event: Event) -> _Held:
-        try:
-            vector = decode_vector(event.clock, max_authors=self._max_authors)
-        except DecodeError:
-            vector = None
-        author = event.author
-        counter = vector.get(author, 0) if vector is not None else 0
-        index = self._index[event.criterion]
-        if vector is None or counter == 0:
-            self._stats["unstamped"] += 1
-            return _Held(event, None, {}, 0, index, (author, _ABOVE_ALL))
-        need = dict(vector)
-        if counter == 1:
-            del need[author]
-        else:
-            need[author] = counter - 1
-        return _Held(event, vector, need, counter, index, (author, counter))
+    def _count_duplicate(self, kept: Event, offered: Event) -> None:
+        self._duplicates += 1
+        if kept.hash != offered.hash:
+            self._conflicts += 1
 
-    def _store(self, held: _Held, chain: dict[int, _Held]) -> None:
+    def _hold(self, event: Event) -> None:
+        """Count ``event`` as held, or raise :class:`HoldbackFull` at the bound."""
         if self._held_count >= self._max_held:
-            self._stats["refused"] += 1
-            raise HoldbackFull(held.event.criterion, held.event.seq, self._max_held)
-        chain[held.event.seq] = held
-        held.stored = True
+            self._refused += 1
+            raise HoldbackFull(event.criterion, event.seq, self._max_held)
         self._held_count += 1
-        if self._held_count > self._stats["peak_held"]:
-            self._stats["peak_held"] = self._held_count
+        if self._held_count > self._peak_held:
+            self._peak_held = self._held_count
 
-    def _wait(self, slot: _Slot, held: _Held) -> None:
+    def _make_candidate(self, event: Event, index: int, stored: bool) -> _Candidate:
+        """Decode the stamp of the next event of criterion ``index`` and make it the candidate."""
+        author = event.author
+        try:
+            need = self._decode(event.clock)
+        except DecodeError:
+            need = {}
+        counter = need.get(author, 0)
+        if counter:
+            if counter == 1:
+                del need[author]
+            else:
+                need[author] = counter - 1
+        else:
+            self._unstamped += 1
+            need = {}
+            counter = _ABOVE_ALL
+        held = _Candidate(event, need, counter, index, stored)
+        self._candidate[index] = held
+        self._dep_author[index] = author
+        self._dep_counter[index] = counter
+        return held
+
+    def _refresh(self, index: int) -> None:
+        """Set what the scan knows about criterion ``index``, which has no candidate."""
+        head = self._head[index]
+        last = self._last[index]
+        if head is not None and self._next[index] > head:
+            self._dep_author[index] = _NOBODY
+            self._dep_counter[index] = _ABOVE_ALL
+        elif last is not None:
+            self._dep_author[index] = last.author
+            self._dep_counter[index] = last.counter
+        else:
+            self._dep_author[index] = _NOBODY
+            self._dep_counter[index] = 0
+
+    def _wait(self, slot: int, held: _Candidate) -> None:
         waiters = self._waiting.get(slot)
         if waiters is None:
             self._waiting[slot] = [held]
         else:
             waiters.append(held)
 
-    def _blocker(self, held: _Held) -> _Slot | None:
+    def _blocker(self, held: _Candidate) -> int | None:
         """The position ``held`` (a candidate) must wait for, or ``None``."""
         need = held.need
+        count_ = self._count
         if not need:
+            held.cursor = count_
             return None
-        own = held.index
-        criteria = self._criteria
-        candidates = self._candidates
-        count = len(criteria)
+        authors = self._dep_author
+        counters = self._dep_counter
         i = held.cursor
-        while i < count:
-            if i != own:
-                candidate = candidates[i]
-                if candidate is not None:
-                    if candidate[1] <= need.get(candidate[0], 0):
-                        held.cursor = i
-                        return (criteria[i], self._next[criteria[i]])
-                elif self._may_hold_dependency(criteria[i], need):
-                    held.cursor = i
-                    return (criteria[i], self._next[criteria[i]])
+        while i < count_:
+            # The first criterion from ``i`` on that needs a closer look.
+            i = next(compress(
+                count(i),
+                map(le, islice(counters, i, None), map(need.get, islice(authors, i, None),
+                                                       repeat(0))),
+            ))
+            if i == count_:
+                break
+            if self._candidate[i] is not None or self._may_hold_dependency(i, need):
+                held.cursor = i
+                return self._next[i] * count_ + i
             i += 1
-        held.cursor = count
+        held.cursor = count_
         return None
 
-    def _may_hold_dependency(self, criterion: bytes, need: dict[bytes, int]) -> bool:
-        """Whether the undelivered, not yet received rest of ``criterion`` could
-        hold an event that must precede an event needing ``need``."""
-        last = self._last.get(criterion)
-        if last is not None and last[1] > need.get(last[0], 0):
+    def _may_hold_dependency(self, index: int, need: dict[bytes, int]) -> bool:
+        """Whether the undelivered, not yet received rest of criterion ``index``
+        could hold an event that must precede an event needing ``need``."""
+        last = self._last[index]
+        if last is not None and last.counter > need.get(last.author, 0):
             return False
-        head = self._heads.get(criterion)
-        if head is not None and self._next[criterion] > head:
+        head = self._head[index]
+        if head is not None and self._next[index] > head:
             return False
-        frontier = self._frontier[criterion]
         dense = self._dense
+        if last is None:
+            return any(counter > dense.get(author, 0) for author, counter in need.items())
+        frontier, last_author, last_counter = last.need, last.author, last.counter
         for author, counter in need.items():
-            if counter > frontier.get(author, 0) and counter > dense.get(author, 0):
+            if counter > dense.get(author, 0) and counter > (
+                last_counter if author == last_author else frontier.get(author, 0)
+            ):
                 return True
         return False
 
-    def _count_delivered(self, author: bytes, counter: int) -> None:
-        dense = self._dense.get(author, 0)
-        if counter != dense + 1:
-            above = self._above.setdefault(author, set())
-            if len(above) >= _MAX_ABOVE:
-                above.clear()  # forgetting only makes the rule more cautious
-            above.add(counter)
-            return
-        dense = counter
-        above_dense = self._above.get(author)
-        if above_dense:
-            while dense + 1 in above_dense:
-                dense += 1
-                above_dense.discard(dense)
-        self._dense[author] = dense
+    def _count_dense(self, author: bytes, counter: int) -> None:
+        """Count the delivery of ``author``'s ``counter``, the one after its dense prefix."""
+        higher = self._above.get(author)
+        if higher is not None:
+            while counter + 1 in higher:
+                counter += 1
+                higher.discard(counter)
+            if not higher:
+                del self._above[author]
+        self._dense[author] = counter
 
-    def _run(self, work: list[_Held], out: list[Event]) -> None:
+    def _run(self, work: list[_Candidate], out: list[Event]) -> None:
         """Deliver every candidate in ``work`` that is free, and what that frees."""
-        stats = self._stats
+        count_ = self._count
         waiting = self._waiting
+        nexts = self._next
+        chains = self._held
+        candidates = self._candidate
+        authors = self._dep_author
+        counters = self._dep_counter
+        lasts = self._last
+        dense = self._dense
+        above = self._above
+        before = len(out)
         while work:
             held = work.pop()
-            blocker = self._blocker(held)
-            if blocker is not None:
-                self._wait(blocker, held)
-                continue
+            i = held.cursor
+            if i != count_:
+                # A woken candidate most often still waits for the criterion
+                # it waited for: look at that one before scanning on.
+                need = held.need
+                if counters[i] <= need.get(authors[i], 0) and (
+                    candidates[i] is not None or self._may_hold_dependency(i, need)
+                ):
+                    blocker: int | None = nexts[i] * count_ + i
+                else:
+                    held.cursor = i + 1
+                    blocker = self._blocker(held)
+                if blocker is not None:
+                    waiters = waiting.get(blocker)
+                    if waiters is None:
+                        waiting[blocker] = [held]
+                    else:
+                        waiters.append(held)
+                    continue
             event = held.event
-            criterion = event.criterion
+            index = held.index
             seq = event.seq
-            chain = self._held[criterion]
             if held.stored:
-                del chain[seq]
                 self._held_count -= 1
             out.append(event)
-            stats["delivered"] += 1
-            self._next[criterion] = seq + 1
-            if held.vector is not None:
-                self._frontier[criterion] = held.vector
-                self._last[criterion] = (event.author, held.counter)
-                self._count_delivered(event.author, held.counter)
-            following = chain.get(seq + 1)
+            nexts[index] = seq + 1
+            counter = held.counter
+            if counter != _ABOVE_ALL:
+                lasts[index] = held
+                author = held.author
+                if counter == dense.get(author, 0) + 1:
+                    self._count_dense(author, counter)
+                else:
+                    higher = above.get(author)
+                    if higher is None:
+                        above[author] = {counter}
+                    else:
+                        if len(higher) >= _MAX_ABOVE:
+                            higher.clear()  # forgetting only makes the rule more cautious
+                        higher.add(counter)
+            following = chains[index].pop(seq + 1, None)
             if following is not None:
-                work.append(following)
-                self._candidates[held.index] = following.as_dependency
+                work.append(self._make_candidate(following, index, True))
             else:
-                self._candidates[held.index] = None
-            woken = waiting.pop((criterion, seq), None)
+                candidates[index] = None
+                self._refresh(index)
+            woken = waiting.pop(seq * count_ + index, None)
             if woken:
-                stats["wakeups"] += len(woken)
+                self._wakeups += len(woken)
                 work.extend(woken)
+        self._delivered += len(out) - before
 
 
 def make_causal_delivery(options: Mapping[str, Any]) -> CausalDelivery:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
+
 from ketten import hookimpl
 from ketten._codec import MAX_UINT
 from ketten.errors import ConfigError, UsageError
@@ -27,6 +28,7 @@ from ketten.interfaces import ClockOrder
 from ._clock_vector import (
     AUTHOR_SIZE,
     DEFAULT_MAX_AUTHORS,
+    VectorDecoder,
     compare_vectors,
     decode_vector,
     encode_vector,
@@ -51,6 +53,10 @@ class VectorClock:
     _owner: bytes = attrs.field(alias="owner", validator=_check_owner)
     _max_authors: int = attrs.field(default=DEFAULT_MAX_AUTHORS, alias="max_authors", kw_only=True)
     _vector: dict[bytes, int] = attrs.field(factory=dict, init=False)
+    _decode: VectorDecoder = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._decode = VectorDecoder(max_authors=self._max_authors)
 
     @property
     def owner(self) -> bytes:
@@ -74,17 +80,14 @@ class VectorClock:
         Raises :class:`~ketten.errors.DecodeError` for a malformed stamp; the
         clock is then unchanged.
         """
-        merge_into(self._vector, decode_vector(stamp, max_authors=self._max_authors))
+        merge_into(self._vector, self._decode(stamp))
 
     def compare(self, a: bytes, b: bytes) -> ClockOrder:
         """How the event stamped ``a`` relates to the one stamped ``b``.
 
         Raises :class:`~ketten.errors.DecodeError` if either is malformed.
         """
-        return compare_vectors(
-            decode_vector(a, max_authors=self._max_authors),
-            decode_vector(b, max_authors=self._max_authors),
-        )
+        return compare_vectors(self._decode(a), self._decode(b))
 
 
 def make_vector_clock(options: Mapping[str, Any], owner: bytes) -> VectorClock:

@@ -7,6 +7,7 @@ import random
 
 import attrs
 import pytest
+
 from ketten import Event, Identity, criterion_key
 from ketten._codec import dumps
 from ketten.errors import ConfigError, HoldbackFull, UsageError

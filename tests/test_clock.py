@@ -6,6 +6,7 @@ import pytest
 import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from ketten import DecodeError, Identity, NodeConfig, open_node, plugin_manager
 from ketten._codec import dumps
 from ketten._plugins import installed_names
@@ -13,6 +14,7 @@ from ketten.adapters.memory import MemoryNetwork
 from ketten.errors import ConfigError, UsageError
 from ketten.interfaces import Clock, ClockOrder
 from ketten.plugins._clock_vector import (
+    VectorDecoder,
     compare_vectors,
     decode_vector,
     encode_vector,
@@ -134,6 +136,22 @@ def test_vector_decoder_rejects_non_canonical_stamps(data: bytes) -> None:
         decode_vector(data)
 
 
+@pytest.mark.parametrize("authors", [3, 30, 300])
+def test_vector_decoder_rejects_indefinite_length_maps(authors: int) -> None:
+    canonical = encode_vector({key(i): 5 for i in range(1, authors + 1)})
+    head = 1 if authors < 24 else 2 if authors < 256 else 3
+    entries = canonical[head:]
+    # same entries behind an indefinite-length head, and with one counter in a
+    # two-byte form: as long as the canonical encoding from 24 authors on
+    first = 2 + 32
+    longer = entries[:first] + b"\x18\x05" + entries[first + 1:]
+    for data in (b"\xbf" + entries + b"\xff", b"\xbf" + longer + b"\xff"):
+        with pytest.raises(DecodeError, match="vector stamp"):
+            decode_vector(data)
+        with pytest.raises(DecodeError, match="vector stamp"):
+            VectorDecoder()(data)
+
+
 def test_vector_decoder_bounds_the_number_of_authors() -> None:
     stamp = encode_vector({key(i): 1 for i in range(1, 11)})
     assert len(decode_vector(stamp, max_authors=10)) == 10
@@ -190,6 +208,46 @@ def test_vector_decoder_raises_only_decode_error(data: bytes) -> None:
     except DecodeError:
         return
     assert encode_vector(v) == data
+
+
+widths = st.sampled_from([(1, 23), (24, 255), (256, 2**16 - 1), (2**16, 2**32 - 1),
+                          (2**32, 2**63 - 1)])
+counters = widths.flatmap(lambda r: st.integers(min_value=r[0], max_value=r[1]))
+
+
+@settings(max_examples=60)
+@given(
+    st.lists(st.dictionaries(authors, counters, max_size=6), min_size=1, max_size=8),
+    st.lists(st.tuples(st.integers(min_value=0), st.integers(0, 255)), max_size=12),
+)
+def test_the_layout_cache_accepts_exactly_what_the_decoder_accepts(
+    vectors: list[dict[bytes, int]], edits: list[tuple[int, int]]
+) -> None:
+    decoder = VectorDecoder(max_layouts=4)
+    stamps = [encode_vector(v) for v in vectors]
+    for data in stamps * 2:  # the second time round, layouts are known
+        assert decoder(data) == decode_vector(data)
+    for n, (where, value) in enumerate(edits):
+        edited = bytearray(stamps[n % len(stamps)])
+        edited[where % len(edited)] = value
+        data = bytes(edited)
+        try:
+            expected = decode_vector(data)
+        except DecodeError:
+            with pytest.raises(DecodeError, match="vector stamp"):
+                decoder(data)
+        else:
+            assert decoder(data) == expected
+
+
+def test_the_layout_cache_keeps_the_author_bound() -> None:
+    decoder = VectorDecoder(max_authors=2)
+    assert decoder(encode_vector(vec(1, 2))) == vec(1, 2)
+    assert decoder(encode_vector(vec(3, 4))) == vec(3, 4)
+    with pytest.raises(DecodeError):
+        decoder(encode_vector(vec(1, 2, 3)))
+    with pytest.raises(DecodeError, match="expected bytes"):
+        decoder("not bytes")  # type: ignore[arg-type]
 
 
 @given(st.integers(min_value=1, max_value=2**63 - 1), authors)
