@@ -187,9 +187,16 @@ class StoreReader(Protocol):
         ...
 
     def read_encoded(
-        self, criterion: bytes, start: int = 0, stop: int | None = None
+        self, criterion: bytes, start: int = 0, stop: int | None = None, *, check: bool = True
     ) -> Iterator[tuple[int, bytes]]:
-        """``(seq, canonical event bytes)`` of the main chain, ``start <= seq < stop``, in order."""
+        """``(seq, canonical event bytes)`` of the main chain, ``start <= seq < stop``, in order.
+
+        With ``check`` (the default) the reader proves every record against
+        its stored hash and chain position and raises
+        :class:`~ketten.errors.StoreCorrupted` on damage. A caller that checks
+        hash links itself (``scan_encoded_chain`` with ``Verify.LINKS`` or
+        ``FULL``) passes ``check=False`` so the work is not done twice.
+        """
         ...
 
     def orphans_encoded(self, criterion: bytes) -> Iterator[bytes]:
