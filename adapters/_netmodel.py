@@ -12,6 +12,7 @@ import random
 from collections.abc import Iterable
 
 import attrs
+
 from ketten.errors import ConfigError
 
 __all__ = ["Faults", "NetworkModel", "NetworkStatistics"]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
+
 from ketten import Identity, hookimpl
 from ketten.errors import ConfigError, KettenError, PeerUnreachable, RemoteError, UsageError
 from ketten.interfaces import Handler, Peer, Reply
@@ -163,11 +164,15 @@ class MemoryTransport:
                 self._handler = handler
                 self._nursery = nursery
                 task_status.started(self._address)
-                await trio.sleep_forever()
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    # Stop taking arrivals before the nursery starts closing.
+                    self._network._detach(self)
+                    self._nursery = None
+                    self._handler = None
         finally:
             self._network._detach(self)
-            self._nursery = None
-            self._handler = None
             for slot in self._pending.values():
                 slot.outcome = PeerUnreachable(f"{self._address} stopped serving")
                 slot.done.set()

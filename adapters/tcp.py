@@ -1,1 +1,504 @@
-"""(being written)"""
+"""The ``tcp`` transport: authenticated, framed request/response over TCP (trio).
+
+Frames are length-prefixed canonical CBOR (see :mod:`._framing`) carrying
+request ids, so many requests share one connection. On connect both sides
+run the handshake of :mod:`._tcp_handshake`: they prove ownership of their
+Ed25519 key with signed nonces and must agree on the protocol version, the
+replication factor ``r`` (``NodeConfig.replication``) and the id-puzzle
+difficulty (``puzzle_difficulty`` of the **overlay** options, the same
+value the kademlia overlay enforces). A mismatch refuses the peer with a
+reason that both sides log (logger ``ketten.tcp``).
+
+Requests use only connections this node dialed (one per address, reused);
+connections a peer dialed carry that peer's requests. So a peer cannot
+capture the traffic meant for an address by claiming it in its hello.
+A malformed frame closes only its connection.
+
+Options (``NodeConfig.options["transport"]``):
+
+``listen`` (``"host:port"``, default ``"127.0.0.1:0"``), ``advertise`` (the
+address peers should dial, default the bound one), ``max_connections``
+(256), ``max_frame_size`` (bytes, 4 MiB, checked on the length prefix before
+the body is read), ``handshake_timeout`` (seconds, 10),
+``max_concurrent_requests`` (per connection, 64).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from ketten import hookimpl
+from ketten._identity import Identity
+from ketten.errors import (
+    ConfigError,
+    DecodeError,
+    KettenError,
+    PeerUnreachable,
+    ProtocolError,
+    RemoteError,
+    UsageError,
+)
+from ketten.interfaces import Handler, Peer, Reply
+
+from ._framing import (
+    HEADER_SIZE,
+    Auth,
+    ErrorReply,
+    FrameDecoder,
+    Hello,
+    Message,
+    Refuse,
+    Request,
+    encode_frame,
+    parse_frame,
+)
+from ._framing import Reply as ReplyFrame
+from ._tcp_connection import Connection
+from ._tcp_handshake import PROTOCOL_VERSION, Handshake, HandshakeRefused, NetworkParams
+
+if TYPE_CHECKING:
+    from ketten import Node
+
+__all__ = [
+    "DEFAULT_MAX_FRAME_SIZE",
+    "PROTOCOL_VERSION",
+    "NetworkParams",
+    "TcpStatistics",
+    "TcpTransport",
+    "format_address",
+    "parse_address",
+]
+
+DEFAULT_MAX_FRAME_SIZE = 4 << 20
+_HANDSHAKE_FRAME_LIMIT = 4096
+_READ_SIZE = 65536
+_log = logging.getLogger("ketten.tcp")
+
+
+@attrs.frozen
+class TcpStatistics:
+    """Counters of one TCP transport."""
+
+    connections_open: int
+    connections_dialed: int
+    connections_accepted: int
+    connections_refused: int
+    handshakes_failed: int
+    malformed_frames: int
+    requests_sent: int
+    replies_received: int
+    messages_sent: int
+    requests_received: int
+    messages_received: int
+    error_replies_sent: int
+    bytes_sent: int
+    bytes_received: int
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``"host:port"`` (``"[v6]:port"``) as ``(host, port)``. Raises :class:`UsageError`."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        raise UsageError(f"not a host:port address: {address!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port_text)
+
+
+def format_address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _option_int(options: Mapping[str, Any], name: str, default: int, low: int) -> int:
+    value = options.get(name, default)
+    if type(value) is not int or value < low:
+        raise ConfigError(f"tcp option {name!r} must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def _unexpected(frame: Hello | Auth | Refuse) -> None:
+    raise ProtocolError(f"unexpected {type(frame).__name__} after the handshake")
+
+
+@attrs.define(eq=False)
+class TcpTransport:
+    """A :class:`~ketten.interfaces.Transport` over TCP."""
+
+    _identity: Identity = attrs.field(alias="identity")
+    params: NetworkParams
+    listen: str = "127.0.0.1:0"
+    advertise: str | None = None
+    max_connections: int = 256
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
+    handshake_timeout: float = 10.0
+    max_concurrent_requests: int = 64
+    _address: str | None = attrs.field(default=None, init=False)
+    _handler: Handler | None = attrs.field(default=None, init=False)
+    _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
+    _dialed: dict[str, Connection] = attrs.field(factory=dict, init=False)
+    _open: set[Connection] = attrs.field(factory=set, init=False)
+    _dialing: dict[str, trio.Event] = attrs.field(factory=dict, init=False)
+    _counts: dict[str, int] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        parse_address(self.listen)
+        if self.advertise is not None:
+            parse_address(self.advertise)
+        self._counts = dict.fromkeys(attrs.fields_dict(TcpStatistics), 0)
+
+    @property
+    def address(self) -> str:
+        if self._address is None:
+            raise UsageError("the tcp transport is not serving yet")
+        return self._address
+
+    def statistics(self) -> TcpStatistics:
+        counts = dict(self._counts, connections_open=len(self._open))
+        return TcpStatistics(**counts)
+
+    # -- Transport -------------------------------------------------------------
+
+    async def serve(
+        self, handler: Handler, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Listen and answer until cancelled. Raises :class:`ConfigError` if it cannot bind."""
+        if self._nursery is not None:
+            raise UsageError("this tcp transport is already serving")
+        host, port = parse_address(self.listen)
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+        except OSError as exc:
+            raise ConfigError(f"cannot listen on {self.listen}: {exc}") from None
+        for extra in listeners[1:]:
+            await extra.aclose()
+        listener = listeners[0]
+        bound_host, bound_port = listener.socket.getsockname()[:2]
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self._handler = handler
+                self._address = self.advertise or format_address(bound_host, bound_port)
+                await nursery.start(trio.serve_listeners, self._accept, [listener])
+                task_status.started(self._address)
+        finally:
+            self._nursery = None
+            self._handler = None
+            for conn in list(self._open):
+                conn.close("transport stopped")
+            self._open.clear()
+            self._dialed.clear()
+
+    async def request(self, address: str, data: bytes) -> Reply:
+        """Send a request to ``address`` and wait for the reply.
+
+        Raises :class:`PeerUnreachable` (cannot connect, handshake refused,
+        connection closed), :class:`RemoteError` (the peer's handler raised),
+        :class:`UsageError` (not serving, or ``data`` exceeds the frame limit).
+        """
+        self._check_size(data)
+        if address == self._address:
+            return await self._request_self(data)
+        conn = await self._connect(address)
+        self._counts["requests_sent"] += 1
+        self._counts["bytes_sent"] += len(data)
+        conn.last_used = trio.current_time()
+        reply = await conn.request(data)
+        self._counts["replies_received"] += 1
+        self._counts["bytes_received"] += len(reply.data)
+        return reply
+
+    async def send(self, address: str, data: bytes) -> None:
+        """Send a one-way message; failures to connect are dropped silently (logged)."""
+        self._check_size(data)
+        self._counts["messages_sent"] += 1
+        self._counts["bytes_sent"] += len(data)
+        if address == self._address:
+            assert self._handler is not None
+            await self._handler.handle_message(self._local_peer(), data)
+            return
+        try:
+            conn = await self._connect(address)
+            conn.last_used = trio.current_time()
+            await conn.send(Message(data))
+        except PeerUnreachable as exc:
+            _log.debug("message to %s dropped: %s", address, exc)
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _check_size(self, data: bytes) -> None:
+        if self._nursery is None:
+            raise UsageError("the tcp transport must be serving to send")
+        if len(data) + 32 > self.max_frame_size:
+            raise UsageError(f"{len(data)} bytes exceed the frame limit of {self.max_frame_size}")
+
+    def _local_peer(self) -> Peer:
+        return Peer(self.address, self._identity.public_key)
+
+    async def _request_self(self, data: bytes) -> Reply:
+        assert self._handler is not None
+        try:
+            answer = await self._handler.handle_request(self._local_peer(), data)
+        except KettenError as exc:
+            raise RemoteError(type(exc).__name__, str(exc)) from None
+        return Reply(self._local_peer(), answer)
+
+    async def _connect(self, address: str) -> Connection:
+        while True:
+            conn = self._dialed.get(address)
+            if conn is not None and not conn.closed:
+                return conn
+            dialing = self._dialing.get(address)
+            if dialing is None:
+                break
+            await dialing.wait()
+        nursery = self._nursery
+        if nursery is None:
+            raise UsageError("the tcp transport must be serving to send")
+        try:
+            host, port = parse_address(address)
+        except UsageError as exc:
+            raise PeerUnreachable(str(exc)) from None
+        done = self._dialing[address] = trio.Event()
+        try:
+            try:
+                stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
+            except OSError as exc:
+                raise PeerUnreachable(f"cannot connect to {address}: {exc}") from None
+            try:
+                peer, decoder = await self._handshake(stream, dialed=address)
+                self._require_room(address)
+            except BaseException:
+                await trio.aclose_forcefully(stream)
+                raise
+            conn = Connection(stream, peer, decoder, outbound=True,
+                              last_used=trio.current_time())
+            self._counts["connections_dialed"] += 1
+            self._open.add(conn)
+            self._dialed[address] = conn
+            nursery.start_soon(self._run_connection, conn)
+            return conn
+        finally:
+            del self._dialing[address]
+            done.set()
+
+    def _require_room(self, address: str) -> None:
+        if not self._make_room():
+            raise PeerUnreachable(
+                f"cannot connect to {address}: {self.max_connections} connections are open and busy"
+            )
+
+    def _make_room(self) -> bool:
+        """Close the least recently used idle connection if the cap is reached."""
+        if len(self._open) < self.max_connections:
+            return True
+        idle = [c for c in self._open if not c.busy]
+        if not idle:
+            return False
+        victim = min(idle, key=lambda c: c.last_used)
+        victim.close("closed to make room for another connection")
+        self._forget(victim)
+        return True
+
+    def _forget(self, conn: Connection) -> None:
+        self._open.discard(conn)
+        if self._dialed.get(conn.peer.address) is conn:
+            del self._dialed[conn.peer.address]
+
+    async def _handshake(self, stream: trio.abc.Stream,
+                         dialed: str | None) -> tuple[Peer, FrameDecoder]:
+        """Run the handshake; raises :class:`PeerUnreachable` naming the reason."""
+        shake = Handshake(self._identity, self.params, self.address,
+                          initiator=dialed is not None, nonce=secrets.token_bytes(32))
+        decoder = FrameDecoder(_HANDSHAKE_FRAME_LIMIT)
+        who = dialed or "an incoming peer"
+        try:
+            with trio.fail_after(self.handshake_timeout):
+                await stream.send_all(encode_frame(shake.hello()))
+                body = await self._read_body(stream, decoder)
+                try:
+                    auth = shake.receive_hello(parse_frame(body, max_size=len(body)), body)
+                    await stream.send_all(encode_frame(auth))
+                    body = await self._read_body(stream, decoder)
+                    peer = shake.receive_auth(parse_frame(body, max_size=len(body)), dialed)
+                except HandshakeRefused as exc:
+                    if not exc.by_peer:
+                        await self._refuse(stream, exc.reason)
+                    raise
+        except HandshakeRefused as exc:
+            self._counts["handshakes_failed"] += 1
+            if exc.by_peer:
+                _log.warning("%s refused us: %s", who, exc.reason)
+            else:
+                _log.warning("refusing %s: %s", who, exc.reason)
+            raise PeerUnreachable(f"handshake with {who} failed: {exc}") from None
+        except (DecodeError, ProtocolError) as exc:
+            self._counts["handshakes_failed"] += 1
+            _log.warning("malformed handshake from %s: %s", who, exc)
+            raise PeerUnreachable(f"handshake with {who} failed: {exc}") from None
+        except trio.TooSlowError:
+            self._counts["handshakes_failed"] += 1
+            _log.warning("handshake with %s timed out", who)
+            raise PeerUnreachable(f"handshake with {who} timed out") from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self._counts["handshakes_failed"] += 1
+            raise PeerUnreachable(f"{who} closed the connection during the handshake: "
+                                  f"{exc}") from None
+        decoder.max_frame_size = self.max_frame_size
+        return peer, decoder
+
+    async def _refuse(self, stream: trio.abc.Stream, reason: str) -> None:
+        with trio.move_on_after(1.0):
+            try:
+                await stream.send_all(encode_frame(Refuse(reason)))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
+
+    async def _read_body(self, stream: trio.abc.Stream, decoder: FrameDecoder) -> bytes:
+        """The next frame body. Raises :class:`DecodeError` or ``BrokenResourceError`` at EOF."""
+        while True:
+            body = decoder.next_body()
+            if body is not None:
+                self._counts["bytes_received"] += HEADER_SIZE + len(body)
+                return body
+            data = await stream.receive_some(_READ_SIZE)
+            if not data:
+                raise trio.BrokenResourceError("connection closed by the peer")
+            decoder.feed(data)
+
+    async def _accept(self, stream: trio.SocketStream) -> None:
+        self._counts["connections_accepted"] += 1
+        try:
+            if not self._make_room():
+                self._counts["connections_refused"] += 1
+                _log.warning("refusing an incoming connection: %d connections are open",
+                             len(self._open))
+                await self._refuse(stream, "too many connections")
+                return
+            try:
+                peer, decoder = await self._handshake(stream, dialed=None)
+            except PeerUnreachable:
+                self._counts["connections_refused"] += 1
+                return
+            conn = Connection(stream, peer, decoder, outbound=False,
+                              last_used=trio.current_time())
+            self._open.add(conn)
+            await self._run_connection(conn)
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _run_connection(self, conn: Connection) -> None:
+        """Read frames until the connection ends; a malformed frame ends it."""
+        limiter = trio.Semaphore(self.max_concurrent_requests)
+        reason = "closed"
+        try:
+            with conn.cancel_scope:
+                async with trio.open_nursery() as nursery:
+                    reason = await self._read_frames(conn, nursery, limiter)
+                    nursery.cancel_scope.cancel()
+            conn.close(reason)
+        finally:
+            conn.close("transport stopped")
+            self._forget(conn)
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(conn.stream)
+
+    async def _read_frames(self, conn: Connection, nursery: trio.Nursery,
+                           limiter: trio.Semaphore) -> str:
+        handler = self._handler
+        assert handler is not None
+        try:
+            while True:
+                body = await self._read_body(conn.stream, conn.decoder)
+                frame = parse_frame(body, max_size=self.max_frame_size)
+                match frame:
+                    case Request():
+                        self._counts["requests_received"] += 1
+                        await limiter.acquire()
+                        nursery.start_soon(self._answer, conn, frame, handler, limiter)
+                    case ReplyFrame(req_id, data):
+                        conn.settle(req_id, Reply(conn.peer, data))
+                    case ErrorReply(req_id, code, message):
+                        conn.settle(req_id, RemoteError(code, message))
+                    case Message(data):
+                        self._counts["messages_received"] += 1
+                        await limiter.acquire()
+                        nursery.start_soon(self._take_message, conn.peer, data, handler, limiter)
+                    case Hello() | Auth() | Refuse():
+                        _unexpected(frame)
+        except (DecodeError, ProtocolError) as exc:
+            self._counts["malformed_frames"] += 1
+            _log.warning("closing the connection with %s (%s): %s",
+                         conn.peer.address, conn.peer.node_id.hex()[:16], exc)
+            return f"malformed frame: {exc}"
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            return str(exc) or "closed"
+
+    async def _answer(self, conn: Connection, request: Request, handler: Handler,
+                      limiter: trio.Semaphore) -> None:
+        try:
+            frame: ReplyFrame | ErrorReply
+            try:
+                answer = await handler.handle_request(conn.peer, request.data)
+            except KettenError as exc:
+                self._counts["error_replies_sent"] += 1
+                frame = ErrorReply(request.req_id, type(exc).__name__, str(exc))
+            else:
+                frame = ReplyFrame(request.req_id, answer)
+            try:
+                self._counts["bytes_sent"] += await conn.send(frame)
+            except PeerUnreachable:
+                pass
+        finally:
+            limiter.release()
+
+    async def _take_message(self, peer: Peer, data: bytes, handler: Handler,
+                            limiter: trio.Semaphore) -> None:
+        try:
+            await handler.handle_message(peer, data)
+        finally:
+            limiter.release()
+
+
+@hookimpl
+def ketten_plugin_names() -> Mapping[str, list[str]]:
+    return {"transport": ["tcp"]}
+
+
+@hookimpl
+def ketten_make_transport(name: str, options: Mapping[str, Any], node: Node) -> TcpTransport | None:
+    if name != "tcp":
+        return None
+    known = {"listen", "advertise", "max_connections", "max_frame_size", "handshake_timeout",
+             "max_concurrent_requests"}
+    unknown = set(options) - known
+    if unknown:
+        raise ConfigError(f"unknown tcp options: {', '.join(sorted(unknown))}")
+    difficulty = node.config.options_for("overlay").get("puzzle_difficulty", 0)
+    if type(difficulty) is not int or not 0 <= difficulty <= 64:
+        raise ConfigError("overlay option 'puzzle_difficulty' must be an integer in [0, 64]")
+    listen = options.get("listen", "127.0.0.1:0")
+    advertise = options.get("advertise")
+    if not isinstance(listen, str) or (advertise is not None and not isinstance(advertise, str)):
+        raise ConfigError("tcp options 'listen' and 'advertise' must be 'host:port' strings")
+    timeout = options.get("handshake_timeout", 10.0)
+    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
+        raise ConfigError("tcp option 'handshake_timeout' must be a positive number")
+    try:
+        return TcpTransport(
+            identity=node.identity,
+            params=NetworkParams(PROTOCOL_VERSION, node.config.replication, difficulty),
+            listen=listen,
+            advertise=advertise,
+            max_connections=_option_int(options, "max_connections", 256, 1),
+            max_frame_size=_option_int(options, "max_frame_size", DEFAULT_MAX_FRAME_SIZE, 1024),
+            handshake_timeout=float(timeout),
+            max_concurrent_requests=_option_int(options, "max_concurrent_requests", 64, 1),
+        )
+    except UsageError as exc:
+        raise ConfigError(f"tcp transport: {exc}") from None

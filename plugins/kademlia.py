@@ -1,1 +1,370 @@
-"""(being written)"""
+"""The ``kademlia`` overlay: Kademlia routing with S/Kademlia hardening.
+
+The routing table (:mod:`._kademlia_routing`) and the lookup
+(:mod:`._kademlia_lookup`) are sans-IO state machines; this module is the
+thin trio driver around them. Its RPCs are the node service ``"kad"``:
+
+* ``{"op": "ping"}`` -> ``{"op": "pong"}``
+* ``{"op": "find", "target": <32 bytes>}`` -> ``{"nodes": [[address, public key], ...]}``
+
+S/Kademlia: only the authenticated sender of a request or reply (the
+:class:`~ketten.interfaces.Peer` the transport hands over, whose node id is
+``SHA-256(public key)``) ever enters the routing table; contacts learned from
+answers are only lookup candidates until they answer themselves. An optional
+static puzzle (``puzzle_difficulty`` leading zero bits of ``H(H(pubkey))``)
+makes ids expensive; the TCP transport reads the same option and refuses
+peers that do not solve it. Lookups can run over ``paths`` disjoint paths.
+
+Options (``NodeConfig.options["overlay"]``):
+
+``bootstrap`` (list of addresses, default none), ``k`` (20), ``alpha`` (3),
+``paths`` (disjoint lookup paths d, 1), ``puzzle_difficulty`` (0),
+``refresh_interval`` (seconds, 3600), ``rpc_timeout`` (seconds, 2.0),
+``siblings`` (sibling list size, default ``5 * replication``),
+``stale_after`` (failed requests before a contact is dropped, 2),
+``join_refresh`` (refresh every bucket after joining, true).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from ketten import hookimpl
+from ketten._wire import decode_message, encode_message, field
+from ketten.errors import (
+    ConfigError,
+    DecodeError,
+    PeerUnreachable,
+    ProtocolError,
+    RemoteError,
+    Unavailable,
+    UsageError,
+)
+from ketten.interfaces import Peer
+
+from ._kademlia_ids import Contact, puzzle_ok
+from ._kademlia_lookup import Lookup, Query
+from ._kademlia_routing import Observation, Outcome, RoutingTable
+
+if TYPE_CHECKING:
+    from ketten import Node
+
+__all__ = ["KademliaOptions", "KademliaOverlay", "KademliaStatistics"]
+
+SERVICE = "kad"
+MAX_REPLY_CONTACTS = 256
+_log = logging.getLogger("ketten.kademlia")
+
+
+@attrs.frozen
+class KademliaOptions:
+    """The overlay's options, validated."""
+
+    bootstrap: tuple[str, ...] = ()
+    k: int = 20
+    alpha: int = 3
+    paths: int = 1
+    puzzle_difficulty: int = 0
+    refresh_interval: float = 3600.0
+    rpc_timeout: float = 2.0
+    siblings: int = 15
+    stale_after: int = 2
+    join_refresh: bool = True
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any], replication: int) -> KademliaOptions:
+        """Raises :class:`~ketten.errors.ConfigError` for unknown or bad options."""
+        known = {a.name for a in attrs.fields(cls)}
+        unknown = set(options) - known
+        if unknown:
+            raise ConfigError(f"unknown kademlia options: {', '.join(sorted(unknown))}")
+        values: dict[str, Any] = {"siblings": 5 * replication}
+        bootstrap = options.get("bootstrap", ())
+        if isinstance(bootstrap, str) or not isinstance(bootstrap, Sequence) or not all(
+            isinstance(a, str) and a for a in bootstrap
+        ):
+            raise ConfigError("kademlia option 'bootstrap' must be a list of addresses")
+        values["bootstrap"] = tuple(bootstrap)
+        for name, low in (("k", 1), ("alpha", 1), ("paths", 1), ("stale_after", 1),
+                          ("siblings", 0), ("puzzle_difficulty", 0)):
+            if name in options:
+                value = options[name]
+                if type(value) is not int or value < low:
+                    raise ConfigError(f"kademlia option {name!r} must be an integer >= {low}")
+                values[name] = value
+        if values.get("puzzle_difficulty", 0) > 64:
+            raise ConfigError("kademlia option 'puzzle_difficulty' must be at most 64")
+        for name in ("refresh_interval", "rpc_timeout"):
+            if name in options:
+                value = options[name]
+                if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+                    raise ConfigError(f"kademlia option {name!r} must be a positive number")
+                values[name] = float(value)
+        if "join_refresh" in options:
+            if type(options["join_refresh"]) is not bool:
+                raise ConfigError("kademlia option 'join_refresh' must be a boolean")
+            values["join_refresh"] = options["join_refresh"]
+        return cls(**values)
+
+
+@attrs.frozen
+class KademliaStatistics:
+    """A snapshot of the overlay's counters."""
+
+    contacts: int
+    siblings: int
+    replacements: int
+    lookups: int
+    queries: int
+    query_failures: int
+    requests_served: int
+    peers_joined: int
+    evictions: int
+    refused: int
+
+
+def encode_contacts(contacts: Sequence[Contact]) -> list[list[Any]]:
+    return [[c.peer.address, c.peer.public_key] for c in contacts]
+
+
+def decode_contacts(body: Any, difficulty: int) -> list[Contact]:
+    """Contacts of a ``find`` answer. Raises :class:`DecodeError`, :class:`ProtocolError`."""
+    nodes = field(body, "nodes", list, where="kad find answer")
+    if len(nodes) > MAX_REPLY_CONTACTS:
+        raise ProtocolError(f"a find answer may hold {MAX_REPLY_CONTACTS} contacts, got {len(nodes)}")
+    out: list[Contact] = []
+    for item in nodes:
+        if (type(item) is not list or len(item) != 2 or type(item[0]) is not str
+                or type(item[1]) is not bytes or len(item[1]) != 32 or not item[0]):
+            raise DecodeError("a contact must be [address, 32-byte public key]",
+                              where="kad find answer")
+        contact = Contact.of(Peer(item[0], item[1]))
+        if puzzle_ok(contact.node_id, difficulty):
+            out.append(contact)
+    return out
+
+
+def _check_pong(answer: Any) -> None:
+    if field(answer, "op", str, where="kad ping answer") != "pong":
+        raise DecodeError("expected a pong", where="kad ping answer")
+
+
+def _check_key(contact: Contact, peer: Peer) -> None:
+    if peer.public_key != contact.peer.public_key:
+        raise ProtocolError(f"{contact.peer.address} answered with another key")
+
+
+@attrs.define(eq=False)
+class KademliaOverlay:
+    """The trio driver of one node's routing table and lookups."""
+
+    _node: Node = attrs.field(alias="node")
+    options: KademliaOptions
+    _table: RoutingTable = attrs.field(init=False)
+    _own: int = attrs.field(init=False)
+    _rng: random.Random = attrs.field(init=False)
+    _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
+    _counts: dict[str, int] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._own = int.from_bytes(self._node.identity.node_id, "big")
+        if not puzzle_ok(self._node.identity.node_id, self.options.puzzle_difficulty):
+            raise ConfigError(
+                f"this node's identity does not solve the id puzzle of difficulty "
+                f"{self.options.puzzle_difficulty} (see solve_puzzle)"
+            )
+        self._table = RoutingTable(
+            self._own, k=self.options.k, sibling_size=self.options.siblings,
+            difficulty=self.options.puzzle_difficulty, stale_after=self.options.stale_after,
+        )
+        self._rng = random.Random(self._own)
+        self._counts = dict.fromkeys(
+            ("lookups", "queries", "query_failures", "requests_served", "peers_joined"), 0
+        )
+
+    @property
+    def table(self) -> RoutingTable:
+        """The routing table (read it, do not change it)."""
+        return self._table
+
+    # -- Overlay -------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve ``"kad"``, join through the bootstrap addresses, then refresh until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self._node.register_service(SERVICE, self._serve)
+            await self._join()
+            task_status.started()
+            while True:
+                await trio.sleep(self.options.refresh_interval)
+                if not len(self._table):
+                    await self._join()
+                else:
+                    await self._refresh()
+
+    async def closest(self, key: bytes, count: int) -> list[Peer]:
+        """The ``count`` live nodes closest to ``key`` (this one included), nearest first.
+
+        Runs a network lookup. Raises :class:`~ketten.errors.UsageError` for a
+        key that is not 32 bytes or a count below 1.
+        """
+        if type(key) is not bytes or len(key) != 32:
+            raise UsageError("a key must be 32 bytes")
+        if type(count) is not int or count < 1:
+            raise UsageError("count must be a positive integer")
+        target = int.from_bytes(key, "big")
+        lookup = await self._lookup(target, max(self.options.k, count))
+        found = lookup.result(count)
+        found.append(Contact(self._own, self._local_peer()))
+        found.sort(key=lambda c: c.id ^ target)
+        return [c.peer for c in found[:count]]
+
+    def siblings(self) -> list[Peer]:
+        """The known nodes closest to this node's id, nearest first (no network traffic)."""
+        return [c.peer for c in self._table.siblings()]
+
+    def statistics(self) -> KademliaStatistics:
+        table = self._table.statistics()
+        return KademliaStatistics(
+            contacts=table.contacts, siblings=table.siblings, replacements=table.replacements,
+            evictions=table.evictions, refused=table.refused, **self._counts,
+        )
+
+    # -- driver --------------------------------------------------------------
+
+    def _local_peer(self) -> Peer:
+        return Peer(self._node.address, self._node.identity.public_key)
+
+    async def _join(self) -> None:
+        own_address = self._node.address
+        async with trio.open_nursery() as nursery:
+            for address in self.options.bootstrap:
+                if address != own_address:
+                    nursery.start_soon(self._ping, address, None)
+        if not len(self._table):
+            if self.options.bootstrap:
+                _log.warning("%s: no bootstrap node answered; running alone", own_address)
+            return
+        await self._lookup(self._own, self.options.k)
+        if self.options.join_refresh:
+            await self._refresh()
+
+    async def _refresh(self) -> None:
+        now = trio.current_time()
+        for index in self._table.stale_buckets(now, self.options.refresh_interval):
+            await self._lookup(self._table.refresh_target(index, self._rng), self.options.k)
+
+    async def _lookup(self, target: int, k: int) -> Lookup:
+        self._counts["lookups"] += 1
+        self._table.touch(target, trio.current_time())
+        lookup = Lookup(target, self._own, k=k, alpha=self.options.alpha,
+                        paths=self.options.paths)
+        wanted = target.to_bytes(32, "big")
+        send, receive = trio.open_memory_channel[tuple[Query, list[Contact] | None]](math.inf)
+        async with trio.open_nursery() as nursery:
+
+            def launch(queries: list[Query]) -> None:
+                for query in queries:
+                    self._counts["queries"] += 1
+                    nursery.start_soon(self._query, query, wanted, send)
+
+            launch(lookup.start(self._table.closest(target, k)))
+            while not lookup.finished:
+                query, contacts = await receive.receive()
+                if contacts is None:
+                    launch(lookup.on_failure(query.contact.id))
+                else:
+                    launch(lookup.on_reply(query.contact.id, contacts))
+        return lookup
+
+    async def _query(self, query: Query, target: bytes,
+                     send: trio.MemorySendChannel[tuple[Query, list[Contact] | None]]) -> None:
+        contact = query.contact
+        contacts: list[Contact] | None = None
+        try:
+            peer, answer = await self._rpc(contact.peer.address, {"op": "find", "target": target})
+            _check_key(contact, peer)
+            contacts = decode_contacts(answer, self.options.puzzle_difficulty)
+        except (Unavailable, RemoteError, DecodeError, ProtocolError) as exc:
+            _log.debug("find at %s failed: %s", contact.peer.address, exc)
+            self._counts["query_failures"] += 1
+            self._failed(contact)
+        send.send_nowait((query, contacts))
+
+    async def _ping(self, address: str, expected: Contact | None) -> None:
+        try:
+            peer, answer = await self._rpc(address, {"op": "ping"})
+            _check_pong(answer)
+            if expected is not None:
+                _check_key(expected, peer)
+        except (Unavailable, RemoteError, DecodeError, ProtocolError) as exc:
+            _log.debug("ping %s failed: %s", address, exc)
+            if expected is not None:
+                self._failed(expected)
+
+    async def _rpc(self, address: str, body: Any) -> tuple[Peer, Any]:
+        with trio.move_on_after(self.options.rpc_timeout):
+            reply = await self._node.transport.request(address, encode_message(SERVICE, body))
+            service, answer = decode_message(reply.data)
+            if service != SERVICE:
+                raise ProtocolError(f"{address} answered a {SERVICE!r} request as {service!r}")
+            self._observe(reply.peer)
+            return reply.peer, answer
+        raise PeerUnreachable(f"no reply from {address} within {self.options.rpc_timeout} s")
+
+    def _observe(self, peer: Peer) -> None:
+        seen = self._table.observe(Contact.of(peer), trio.current_time())
+        self._after(seen)
+        if seen.outcome is Outcome.ADDED:
+            self._joined(peer)
+
+    def _after(self, seen: Observation) -> None:
+        if seen.ping is not None and self._nursery is not None:
+            self._nursery.start_soon(self._ping, seen.ping.peer.address, seen.ping)
+
+    def _failed(self, contact: Contact) -> None:
+        promoted = self._table.failed(contact.id, trio.current_time())
+        if promoted is not None:
+            self._joined(promoted.peer)
+
+    def _joined(self, peer: Peer) -> None:
+        self._counts["peers_joined"] += 1
+        self._node.plugins.hook.ketten_peer_joined(node=self._node, peer=peer)
+
+    async def _serve(self, peer: Peer, body: Any) -> Any:
+        op = field(body, "op", str, where="kad request")
+        if op == "ping":
+            self._observe(peer)
+            self._counts["requests_served"] += 1
+            return {"op": "pong"}
+        if op == "find":
+            target = field(body, "target", bytes, where="kad find request")
+            if len(target) != 32:
+                raise DecodeError("target must be 32 bytes", where="kad find request")
+            self._observe(peer)
+            self._counts["requests_served"] += 1
+            sender = int.from_bytes(peer.node_id, "big")
+            nearest = self._table.closest(int.from_bytes(target, "big"), self.options.k,
+                                          exclude=sender)
+            return {"nodes": encode_contacts(nearest)}
+        raise ProtocolError(f"unknown kad operation {op!r}")
+
+
+@hookimpl
+def ketten_plugin_names() -> Mapping[str, list[str]]:
+    return {"overlay": ["kademlia"]}
+
+
+@hookimpl
+def ketten_make_overlay(name: str, options: Mapping[str, Any], node: Node) -> KademliaOverlay | None:
+    if name != "kademlia":
+        return None
+    return KademliaOverlay(node=node, options=KademliaOptions.parse(options, node.config.replication))

@@ -1,0 +1,91 @@
+"""One authenticated TCP connection: framed sends, pending requests, a reader."""
+
+from __future__ import annotations
+
+import attrs
+import trio
+
+from ketten.errors import KettenError, PeerUnreachable, RemoteError
+from ketten.interfaces import Peer, Reply
+
+from ._framing import Frame as WireFrame
+from ._framing import FrameDecoder, Request, encode_frame
+
+__all__ = ["Connection", "ReplySlot"]
+
+
+@attrs.define(eq=False)
+class ReplySlot:
+    done: trio.Event = attrs.field(factory=trio.Event)
+    outcome: Reply | KettenError | None = None
+
+    def settle(self, outcome: Reply | KettenError) -> None:
+        if not self.done.is_set():
+            self.outcome = outcome
+            self.done.set()
+
+
+@attrs.define(eq=False)
+class Connection:
+    """Frames to and from one peer. Requests may flow both ways on it."""
+
+    stream: trio.abc.Stream
+    peer: Peer
+    decoder: FrameDecoder
+    outbound: bool
+    last_used: float = 0.0
+    cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
+    closed: bool = False
+    _send_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    _pending: dict[int, ReplySlot] = attrs.field(factory=dict, init=False)
+    _next_id: int = attrs.field(default=0, init=False)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._pending)
+
+    async def send(self, frame: WireFrame) -> int:
+        """Write one frame; returns its size. Raises :class:`PeerUnreachable` if closed."""
+        data = encode_frame(frame)
+        async with self._send_lock:
+            if self.closed:
+                raise PeerUnreachable(f"connection to {self.peer.address} is closed")
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self.close(f"send failed: {exc}")
+                raise PeerUnreachable(f"connection to {self.peer.address} broke") from None
+        return len(data)
+
+    async def request(self, data: bytes) -> Reply:
+        """Send a request and wait for its answer (no timeout: cancel to give up)."""
+        self._next_id += 1
+        req_id = self._next_id
+        slot = ReplySlot()
+        self._pending[req_id] = slot
+        try:
+            await self.send(Request(req_id, data))
+            await slot.done.wait()
+        finally:
+            self._pending.pop(req_id, None)
+        outcome = slot.outcome
+        if isinstance(outcome, KettenError):
+            raise outcome
+        assert outcome is not None
+        return outcome
+
+    def settle(self, req_id: int, outcome: Reply | RemoteError) -> bool:
+        slot = self._pending.get(req_id)
+        if slot is None:
+            return False
+        slot.settle(outcome)
+        return True
+
+    def close(self, reason: str) -> None:
+        """Stop the reader and fail every waiting request."""
+        if self.closed:
+            return
+        self.closed = True
+        self.cancel_scope.cancel()
+        for slot in self._pending.values():
+            slot.settle(PeerUnreachable(f"connection to {self.peer.address} closed: {reason}"))

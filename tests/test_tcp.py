@@ -1,0 +1,376 @@
+"""The tcp transport on real loopback sockets: framing, handshake, bad input, overlay."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import secrets
+import tracemalloc
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ketten
+from ketten import (
+    DecodeError,
+    Identity,
+    NodeConfig,
+    PeerUnreachable,
+    ProtocolError,
+    RemoteError,
+    UsageError,
+    open_node,
+)
+from ketten.adapters._framing import (
+    Auth,
+    FrameDecoder,
+    Hello,
+    Message,
+    Refuse,
+    Reply,
+    Request,
+    encode_body,
+    encode_frame,
+    parse_frame,
+)
+from ketten.adapters._tcp_handshake import Handshake, HandshakeRefused, NetworkParams
+from ketten.adapters.tcp import TcpTransport, parse_address
+from ketten.interfaces import Peer, Transport
+
+PM = ketten.plugin_manager()
+
+
+@asynccontextmanager
+async def tcp_node(*, replication: int = 3, overlay: dict[str, Any] | None = None,
+                   transport: dict[str, Any] | None = None,
+                   identity: Identity | None = None) -> AsyncIterator[ketten.Node]:
+    options: dict[str, Any] = {"transport": transport or {}}
+    if overlay is not None:
+        options["overlay"] = overlay
+    config = NodeConfig(transport="tcp", replication=replication, identity=identity,
+                        overlay="kademlia" if overlay is not None else None, options=options)
+    async with open_node(config, plugins=PM) as node:
+        yield node
+
+
+def echo_services(node: ketten.Node, inbox: list[Any]) -> None:
+    async def echo(peer: Peer, body: Any) -> Any:
+        return {"from": peer.public_key, "body": body}
+
+    async def boom(peer: Peer, body: Any) -> Any:
+        raise ProtocolError("no such thing")
+
+    async def take(peer: Peer, body: Any) -> None:
+        inbox.append((peer.public_key, body))
+
+    node.register_service("echo", echo)
+    node.register_service("boom", boom)
+    node.register_message_service("inbox", take)
+
+
+class RawClient:
+    """A hand-driven peer for feeding a node bytes no well-behaved node would send."""
+
+    def __init__(self, stream: trio.SocketStream, decoder: FrameDecoder) -> None:
+        self.stream = stream
+        self.decoder = decoder
+
+    async def frame(self) -> Any:
+        while (body := self.decoder.next_body()) is None:
+            data = await self.stream.receive_some(65536)
+            if not data:
+                return None
+            self.decoder.feed(data)
+        return parse_frame(body, max_size=len(body))
+
+    async def closed(self) -> bool:
+        """True once the node closed the connection (anything it still sends is skipped)."""
+        with trio.fail_after(5):
+            while True:
+                try:
+                    data = await self.stream.receive_some(65536)
+                except trio.BrokenResourceError:
+                    return True
+                if not data:
+                    return True
+
+
+async def raw_connect(address: str, *, identity: Identity | None = None,
+                      params: NetworkParams | None = None, hello: Hello | None = None,
+                      signature: bytes | None = None) -> tuple[RawClient, Any]:
+    """Connect and run the handshake by hand; returns the client and the node's last frame."""
+    host, port = parse_address(address)
+    stream = await trio.open_tcp_stream(host, port)
+    client = RawClient(stream, FrameDecoder(1 << 22))
+    shake = Handshake(identity or Identity.generate(), params or NetworkParams(),
+                      "127.0.0.1:1", initiator=True, nonce=secrets.token_bytes(32))
+    await stream.send_all(encode_frame(hello or shake.hello()))
+    theirs = await client.frame()
+    if not isinstance(theirs, Hello):
+        return client, theirs
+    try:
+        auth = shake.receive_hello(theirs, encode_body(theirs))
+    except HandshakeRefused:
+        return client, await client.frame()
+    await stream.send_all(encode_frame(Auth(signature) if signature is not None else auth))
+    return client, await client.frame()
+
+
+async def test_requests_messages_errors_and_reuse() -> None:
+    inbox: list[Any] = []
+    async with tcp_node() as a, tcp_node() as b:
+        echo_services(b, inbox)
+        assert isinstance(a.transport, Transport)
+        for i in range(5):
+            answer = await a.call(b.address, "echo", i)
+            assert answer == {"from": a.identity.public_key, "body": i}
+        async with trio.open_nursery() as nursery:
+            for i in range(20):
+                nursery.start_soon(a.call, b.address, "echo", [i] * 100)
+        with pytest.raises(RemoteError) as failed:
+            await a.call(b.address, "boom", None)
+        assert failed.value.code == "ProtocolError" and "no such thing" in str(failed.value)
+        with pytest.raises(RemoteError, match="unknown service"):
+            await a.call(b.address, "nothing", None)
+        await a.notify(b.address, "inbox", "hello")
+        with trio.fail_after(5):
+            while not inbox:
+                await trio.sleep(0.01)
+        assert inbox == [(a.identity.public_key, "hello")]
+        reply = await a.transport.request(b.address, ketten._wire.encode_message("echo", 1))
+        assert reply.peer == Peer(b.address, b.identity.public_key)
+        stats = a.transport.statistics()
+        assert stats.connections_dialed == 1 and stats.requests_sent >= 27
+        assert b.transport.statistics().error_replies_sent == 2
+        echo_services(a, inbox)
+        assert (await a.call(a.address, "echo", 7))["body"] == 7
+        with pytest.raises(UsageError, match="frame limit"):
+            await a.transport.request(b.address, bytes(5 << 20))
+
+
+async def test_unreachable_and_stopped_peers() -> None:
+    async with tcp_node() as a:
+        async with tcp_node() as b:
+            echo_services(b, [])
+            address = b.address
+            await a.call(address, "echo", 1)
+        with pytest.raises(PeerUnreachable):
+            await a.call(address, "echo", 1)
+        with pytest.raises(PeerUnreachable):
+            await a.call("not an address", "echo", 1)
+
+
+@pytest.mark.parametrize(("theirs", "words"), [
+    ({"replication": 5}, "replication factor r=5 differs from ours (r=3)"),
+    ({"overlay": {"puzzle_difficulty": 1}}, "puzzle difficulty"),
+])
+async def test_mismatched_network_parameters_are_refused_and_logged(
+    caplog: pytest.LogCaptureFixture, theirs: dict[str, Any], words: str,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="ketten.tcp")
+    identity = ketten.plugins._kademlia_ids.solve_puzzle(1, random.Random(5))
+    async with tcp_node() as a, tcp_node(identity=identity, **theirs) as b:
+        echo_services(b, [])
+        with pytest.raises(PeerUnreachable, match="handshake"):
+            await a.call(b.address, "echo", 1)
+        with trio.fail_after(5):
+            while len([r for r in caplog.records if r.name == "ketten.tcp"]) < 2:
+                await trio.sleep(0.01)
+    messages = [r.getMessage() for r in caplog.records if r.name == "ketten.tcp"]
+    assert any(m.startswith("refusing") for m in messages)
+    assert any("refused us" in m or m.startswith("refusing an incoming") or
+               m.startswith("refusing") for m in messages)
+    assert sum(1 for m in messages if "differs" in m) >= 2, messages
+    if "replication" in words:
+        assert any(words in m for m in messages)
+
+
+async def test_forged_ids_and_bad_proofs_are_refused(caplog: pytest.LogCaptureFixture) -> None:
+    async with tcp_node() as node:
+        echo_services(node, [])
+        mine = Identity.generate()
+        other = Identity.generate()
+        good = Handshake(mine, NetworkParams(), "127.0.0.1:1", True, bytes(32)).hello()
+        forged = Hello(good.version, mine.public_key, other.node_id, bytes(32), 3, 0, "x:1")
+        client, answer = await raw_connect(node.address, identity=mine, hello=forged)
+        assert isinstance(answer, Refuse) and "not the hash of its key" in answer.reason
+        assert await client.closed()
+        client, answer = await raw_connect(node.address, identity=mine, signature=bytes(64))
+        assert isinstance(answer, Auth)  # the node's own proof; our bad one comes back refused
+        answer = await client.frame()
+        assert isinstance(answer, Refuse) and "bad signature" in answer.reason
+        assert await client.closed()
+        stolen = Hello(good.version, other.public_key, other.node_id, bytes(32), 3, 0, "x:1")
+        client, answer = await raw_connect(node.address, identity=mine, hello=stolen)
+        answer = await client.frame()
+        assert isinstance(answer, Refuse) and "bad signature" in answer.reason
+        assert await client.closed()
+        client, answer = await raw_connect(node.address, params=NetworkParams(version=9))
+        assert isinstance(answer, Refuse) and "protocol version 9" in answer.reason
+        assert await client.closed()
+        assert node.transport.statistics().handshakes_failed == 4
+        async with tcp_node() as peer:
+            assert (await peer.call(node.address, "echo", 1))["body"] == 1
+    assert "not the hash of its key" in caplog.text
+
+
+async def test_huge_length_prefix_is_refused_without_allocating() -> None:
+    async with tcp_node() as node:
+        echo_services(node, [])
+        client, answer = await raw_connect(node.address)
+        assert isinstance(answer, Auth)
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            await client.stream.send_all(b"\xff\xff\xff\xf0" + b"\x00" * 1000)
+            assert await client.closed()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 1 << 20
+        assert node.transport.statistics().malformed_frames == 1
+        fresh = await trio.open_tcp_stream(*parse_address(node.address))
+        await fresh.send_all(b"\x7f\xff\xff\xff")
+        assert await RawClient(fresh, FrameDecoder(4096)).closed()
+        async with tcp_node() as peer:
+            assert (await peer.call(node.address, "echo", 2))["body"] == 2
+
+
+def mutate(data: bytes, edits: list[tuple[int, int, int]]) -> bytes:
+    out = bytearray(data)
+    for kind, position, value in edits:
+        if not out:
+            break
+        i = position % len(out)
+        if kind == 0:
+            out[i] ^= value or 1
+        elif kind == 1:
+            del out[i:]
+        else:
+            out.insert(i, value)
+    return bytes(out)
+
+
+valid_frames = [
+    encode_frame(Request(1, ketten._wire.encode_message("echo", [1, 2]))),
+    encode_frame(Message(ketten._wire.encode_message("inbox", "x"))),
+    encode_frame(Reply(5, b"abc")),
+]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    payload=st.one_of(
+        st.binary(min_size=1, max_size=200),
+        st.tuples(st.sampled_from(valid_frames),
+                  st.lists(st.tuples(st.integers(0, 2), st.integers(0, 400),
+                                     st.integers(0, 255)), min_size=1, max_size=4))
+        .map(lambda pair: mutate(*pair)),
+    )
+)
+async def test_random_and_mutated_frames_close_only_that_connection(payload: bytes) -> None:
+    inbox: list[Any] = []
+    async with tcp_node() as node:
+        echo_services(node, inbox)
+        async with tcp_node() as friend:
+            assert (await friend.call(node.address, "echo", 0))["body"] == 0
+            client, answer = await raw_connect(node.address)
+            assert isinstance(answer, Auth)
+            await client.stream.send_all(payload)
+            await client.stream.send_eof()
+            assert await client.closed()
+            stats = node.transport.statistics()
+            # the node keeps serving the connection it already had, and new ones
+            assert (await friend.call(node.address, "echo", 1))["body"] == 1
+            async with tcp_node() as late:
+                assert (await late.call(node.address, "echo", 2))["body"] == 2
+            assert stats.connections_accepted == 2
+
+
+@given(st.binary(max_size=300))
+def test_parse_frame_raises_only_decode_error(data: bytes) -> None:
+    try:
+        parse_frame(data, max_size=1 << 20)
+    except DecodeError:
+        pass
+
+
+@given(st.lists(st.binary(min_size=1, max_size=50), min_size=1, max_size=10),
+       st.lists(st.integers(1, 30), min_size=1, max_size=20))
+def test_decoder_splits_any_chunking(bodies: list[bytes], cuts: list[int]) -> None:
+    stream = b"".join(len(b).to_bytes(4, "big") + b for b in bodies)
+    decoder = FrameDecoder(64)
+    out: list[bytes] = []
+    position = 0
+    turn = 0
+    while position < len(stream):
+        size = cuts[turn % len(cuts)]
+        turn += 1
+        decoder.feed(stream[position:position + size])
+        position += size
+        while (body := decoder.next_body()) is not None:
+            out.append(body)
+    assert out == bodies and decoder.buffered == 0
+    with pytest.raises(DecodeError, match="exceeds the limit"):
+        big = FrameDecoder(64)
+        big.feed((65).to_bytes(4, "big"))
+        big.next_body()
+
+
+async def test_connection_cap_evicts_idle_connections() -> None:
+    async with tcp_node(transport={"max_connections": 2}) as hub:
+        echo_services(hub, [])
+        for _ in range(2):
+            async with tcp_node() as a, tcp_node() as b, tcp_node() as c:
+                for peer in (a, b, c, a):
+                    assert (await peer.call(hub.address, "echo", 1))["body"] == 1
+                    assert hub.transport.statistics().connections_open <= 2
+
+
+def test_bad_transport_options() -> None:
+    with pytest.raises(UsageError):
+        TcpTransport(identity=Identity.generate(), params=NetworkParams(), listen="nohost")
+
+
+async def test_bad_options_refuse_to_open() -> None:
+    for options in ({"max_frame_size": 5}, {"listen": 3}, {"nope": 1},
+                    {"handshake_timeout": 0}):
+        with pytest.raises(BaseException) as refused:
+            async with tcp_node(transport=options):
+                pass
+        assert refused.group_contains(ketten.ConfigError) if isinstance(
+            refused.value, BaseExceptionGroup) else isinstance(refused.value, ketten.ConfigError)
+
+
+async def test_twenty_nodes_on_loopback_find_each_other() -> None:
+    rng = random.Random(20)
+    async with trio.open_nursery() as nursery:
+        nodes: list[ketten.Node] = []
+
+        async def run(boot: list[str], paths: int,
+                      task_status: trio.TaskStatus[ketten.Node]) -> None:
+            async with tcp_node(overlay={"bootstrap": boot, "paths": paths}) as node:
+                task_status.started(node)
+                await trio.sleep_forever()
+
+        nodes.append(await nursery.start(run, [], 1))
+        for i in range(19):
+            nodes.append(await nursery.start(run, [rng.choice(nodes).address], 1 + i % 2))
+        ids = [n.identity.node_id for n in nodes]
+        for node in nodes:
+            assert node.overlay is not None
+            key = hashlib.sha256(node.address.encode()).digest()
+            target = int.from_bytes(key, "big")
+            truth = sorted(ids, key=lambda i: int.from_bytes(i, "big") ^ target)[:3]
+            found = await node.overlay.closest(key, 3)
+            assert [p.node_id for p in found] == truth
+            everyone = await node.overlay.closest(node.identity.node_id, 20)
+            assert sorted(p.node_id for p in everyone) == sorted(ids)
+            assert {p.address for p in everyone} == {n.address for n in nodes}
+        nursery.cancel_scope.cancel()
