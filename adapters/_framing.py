@@ -203,3 +203,8 @@ class FrameDecoder:
     @property
     def buffered(self) -> int:
         return len(self._buffer)
+
+    @property
+    def in_frame(self) -> bool:
+        """Whether part of a frame (its length prefix or body) has arrived but not all of it."""
+        return bool(self._buffer) or self._need is not None

@@ -36,13 +36,17 @@ class Connection:
     last_used: float = 0.0
     cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     closed: bool = False
+    finished: trio.Event = attrs.field(factory=trio.Event)
+    answering: int = 0
+    """Requests of the peer this node is still answering."""
     _send_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _pending: dict[int, ReplySlot] = attrs.field(factory=dict, init=False)
     _next_id: int = attrs.field(default=0, init=False)
 
     @property
     def busy(self) -> bool:
-        return bool(self._pending)
+        """Whether a request is outstanding on it, in either direction."""
+        return bool(self._pending) or self.answering > 0
 
     async def send(self, frame: WireFrame) -> int:
         """Write one frame; returns its size. Raises :class:`PeerUnreachable` if closed."""
@@ -86,6 +90,7 @@ class Connection:
         if self.closed:
             return
         self.closed = True
+        self.finished.set()
         self.cancel_scope.cancel()
         for slot in self._pending.values():
             slot.settle(PeerUnreachable(f"connection to {self.peer.address} closed: {reason}"))

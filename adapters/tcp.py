@@ -14,18 +14,30 @@ connections a peer dialed carry that peer's requests. So a peer cannot
 capture the traffic meant for an address by claiming it in its hello.
 A malformed frame closes only its connection.
 
+A peer cannot hold a connection slot by saying nothing: connections still
+in the handshake count against ``max_connections`` and are closed when the
+handshake takes longer than ``handshake_timeout``; a frame whose first byte
+arrived must be complete within ``frame_timeout``; a connection with no
+request outstanding in either direction and no frame for ``idle_timeout``
+is closed. Connections a peer dialed wait twice ``idle_timeout``, so the
+dialer, which alone starts requests on a connection, normally closes it
+first and never sends a request into a connection being closed.
+
 Options (``NodeConfig.options["transport"]``):
 
 ``listen`` (``"host:port"``, default ``"127.0.0.1:0"``), ``advertise`` (the
 address peers should dial, default the bound one), ``max_connections``
-(256), ``max_frame_size`` (bytes, 4 MiB, checked on the length prefix before
-the body is read), ``handshake_timeout`` (seconds, 10),
-``max_concurrent_requests`` (per connection, 64).
+(256, including connections in the handshake), ``max_frame_size`` (bytes,
+4 MiB, checked on the length prefix before the body is read),
+``handshake_timeout`` (seconds, 10), ``frame_timeout`` (seconds, 30),
+``idle_timeout`` (seconds, 300), ``max_concurrent_requests`` (per
+connection, 64).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -90,7 +102,10 @@ class TcpStatistics:
     connections_accepted: int
     connections_refused: int
     handshakes_failed: int
+    handshakes_timed_out: int
     malformed_frames: int
+    stalled_frames: int
+    idle_closed: int
     requests_sent: int
     replies_received: int
     messages_sent: int
@@ -122,6 +137,18 @@ def _option_int(options: Mapping[str, Any], name: str, default: int, low: int) -
     return value
 
 
+def _option_seconds(options: Mapping[str, Any], name: str, default: float) -> float:
+    value = options.get(name, default)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+        raise ConfigError(f"tcp option {name!r} must be a positive number of seconds, "
+                          f"got {value!r}")
+    return float(value)
+
+
+class _Stalled(ProtocolError):
+    """The peer started a frame and did not finish it in time."""
+
+
 def _unexpected(frame: Hello | Auth | Refuse) -> None:
     raise ProtocolError(f"unexpected {type(frame).__name__} after the handshake")
 
@@ -137,6 +164,8 @@ class TcpTransport:
     max_connections: int = 256
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     handshake_timeout: float = 10.0
+    frame_timeout: float = 30.0
+    idle_timeout: float = 300.0
     max_concurrent_requests: int = 64
     _address: str | None = attrs.field(default=None, init=False)
     _handler: Handler | None = attrs.field(default=None, init=False)
@@ -144,6 +173,7 @@ class TcpTransport:
     _dialed: dict[str, Connection] = attrs.field(factory=dict, init=False)
     _open: set[Connection] = attrs.field(factory=set, init=False)
     _dialing: dict[str, trio.Event] = attrs.field(factory=dict, init=False)
+    _handshaking: int = attrs.field(default=0, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -294,8 +324,12 @@ class TcpTransport:
             )
 
     def _make_room(self) -> bool:
-        """Close the least recently used idle connection if the cap is reached."""
-        if len(self._open) < self.max_connections:
+        """Close the least recently used idle connection if the cap is reached.
+
+        Connections still in the handshake take a slot but are never closed
+        for room: the handshake timeout ends them.
+        """
+        if len(self._open) + self._handshaking < self.max_connections:
             return True
         idle = [c for c in self._open if not c.busy]
         if not idle:
@@ -317,6 +351,7 @@ class TcpTransport:
                           initiator=dialed is not None, nonce=secrets.token_bytes(32))
         decoder = FrameDecoder(_HANDSHAKE_FRAME_LIMIT)
         who = dialed or "an incoming peer"
+        self._handshaking += 1
         try:
             with trio.fail_after(self.handshake_timeout):
                 await stream.send_all(encode_frame(shake.hello()))
@@ -343,12 +378,15 @@ class TcpTransport:
             raise PeerUnreachable(f"handshake with {who} failed: {exc}") from None
         except trio.TooSlowError:
             self._counts["handshakes_failed"] += 1
-            _log.warning("handshake with %s timed out", who)
+            self._counts["handshakes_timed_out"] += 1
+            _log.warning("handshake with %s timed out after %s s", who, self.handshake_timeout)
             raise PeerUnreachable(f"handshake with {who} timed out") from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._counts["handshakes_failed"] += 1
             raise PeerUnreachable(f"{who} closed the connection during the handshake: "
                                   f"{exc}") from None
+        finally:
+            self._handshaking -= 1
         decoder.max_frame_size = self.max_frame_size
         return peer, decoder
 
@@ -370,6 +408,48 @@ class TcpTransport:
             if not data:
                 raise trio.BrokenResourceError("connection closed by the peer")
             decoder.feed(data)
+
+    async def _read_frame_body(self, conn: Connection) -> bytes:
+        """The next frame body of an established connection.
+
+        Raises :class:`_Stalled` when a started frame is not complete within
+        ``frame_timeout``, ``trio.BrokenResourceError`` at EOF and
+        ``trio.ClosedResourceError`` when the connection was idle too long.
+        """
+        decoder = conn.decoder
+        idle_limit = self.idle_timeout if conn.outbound else 2 * self.idle_timeout
+        frame_started: float | None = None
+        while True:
+            body = decoder.next_body()
+            if body is not None:
+                self._counts["bytes_received"] += HEADER_SIZE + len(body)
+                conn.last_used = trio.current_time()
+                return body
+            now = trio.current_time()
+            if decoder.in_frame:
+                if frame_started is None:
+                    frame_started = now
+                deadline = frame_started + self.frame_timeout
+            else:
+                frame_started = None
+                deadline = max(conn.last_used + idle_limit, now if conn.busy else -math.inf)
+            with trio.move_on_at(deadline):
+                data = await conn.stream.receive_some(_READ_SIZE)
+                if not data:
+                    raise trio.BrokenResourceError("connection closed by the peer")
+                decoder.feed(data)
+                continue
+            if frame_started is not None:
+                raise _Stalled(f"a frame was not complete within {self.frame_timeout} s")
+            now = trio.current_time()
+            if conn.busy:
+                conn.last_used = now
+                continue
+            if conn.last_used + idle_limit > now:
+                continue
+            self._counts["idle_closed"] += 1
+            _log.debug("closing the idle connection with %s", conn.peer.address)
+            raise trio.ClosedResourceError(f"idle for {idle_limit} s")
 
     async def _accept(self, stream: trio.SocketStream) -> None:
         self._counts["connections_accepted"] += 1
@@ -414,7 +494,7 @@ class TcpTransport:
         assert handler is not None
         try:
             while True:
-                body = await self._read_body(conn.stream, conn.decoder)
+                body = await self._read_frame_body(conn)
                 frame = parse_frame(body, max_size=self.max_frame_size)
                 match frame:
                     case Request():
@@ -431,6 +511,11 @@ class TcpTransport:
                         nursery.start_soon(self._take_message, conn.peer, data, handler, limiter)
                     case Hello() | Auth() | Refuse():
                         _unexpected(frame)
+        except _Stalled as exc:
+            self._counts["stalled_frames"] += 1
+            _log.warning("closing the connection with %s (%s): %s",
+                         conn.peer.address, conn.peer.node_id.hex()[:16], exc)
+            return str(exc)
         except (DecodeError, ProtocolError) as exc:
             self._counts["malformed_frames"] += 1
             _log.warning("closing the connection with %s (%s): %s",
@@ -441,6 +526,7 @@ class TcpTransport:
 
     async def _answer(self, conn: Connection, request: Request, handler: Handler,
                       limiter: trio.Semaphore) -> None:
+        conn.answering += 1
         try:
             frame: ReplyFrame | ErrorReply
             try:
@@ -455,6 +541,8 @@ class TcpTransport:
             except PeerUnreachable:
                 pass
         finally:
+            conn.answering -= 1
+            conn.last_used = trio.current_time()
             limiter.release()
 
     async def _take_message(self, peer: Peer, data: bytes, handler: Handler,
@@ -475,7 +563,7 @@ def ketten_make_transport(name: str, options: Mapping[str, Any], node: Node) -> 
     if name != "tcp":
         return None
     known = {"listen", "advertise", "max_connections", "max_frame_size", "handshake_timeout",
-             "max_concurrent_requests"}
+             "frame_timeout", "idle_timeout", "max_concurrent_requests"}
     unknown = set(options) - known
     if unknown:
         raise ConfigError(f"unknown tcp options: {', '.join(sorted(unknown))}")
@@ -486,9 +574,6 @@ def ketten_make_transport(name: str, options: Mapping[str, Any], node: Node) -> 
     advertise = options.get("advertise")
     if not isinstance(listen, str) or (advertise is not None and not isinstance(advertise, str)):
         raise ConfigError("tcp options 'listen' and 'advertise' must be 'host:port' strings")
-    timeout = options.get("handshake_timeout", 10.0)
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
-        raise ConfigError("tcp option 'handshake_timeout' must be a positive number")
     try:
         return TcpTransport(
             identity=node.identity,
@@ -497,7 +582,9 @@ def ketten_make_transport(name: str, options: Mapping[str, Any], node: Node) -> 
             advertise=advertise,
             max_connections=_option_int(options, "max_connections", 256, 1),
             max_frame_size=_option_int(options, "max_frame_size", DEFAULT_MAX_FRAME_SIZE, 1024),
-            handshake_timeout=float(timeout),
+            handshake_timeout=_option_seconds(options, "handshake_timeout", 10.0),
+            frame_timeout=_option_seconds(options, "frame_timeout", 30.0),
+            idle_timeout=_option_seconds(options, "idle_timeout", 300.0),
             max_concurrent_requests=_option_int(options, "max_concurrent_requests", 64, 1),
         )
     except UsageError as exc:

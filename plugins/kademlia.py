@@ -5,7 +5,9 @@ The routing table (:mod:`._kademlia_routing`) and the lookup
 thin trio driver around them. Its RPCs are the node service ``"kad"``:
 
 * ``{"op": "ping"}`` -> ``{"op": "pong"}``
-* ``{"op": "find", "target": <32 bytes>}`` -> ``{"nodes": [[address, public key], ...]}``
+* ``{"op": "find", "target": <32 bytes>[, "count": n]}`` ->
+  ``{"nodes": [[address, public key], ...]}`` (the ``max(k, n)`` closest known,
+  at most 256; ``count`` is sent when a lookup wants more than ``k`` nodes)
 
 S/Kademlia: only the authenticated sender of a request or reply (the
 :class:`~ketten.interfaces.Peer` the transport hands over, whose node id is
@@ -274,7 +276,7 @@ class KademliaOverlay:
             def launch(queries: list[Query]) -> None:
                 for query in queries:
                     self._counts["queries"] += 1
-                    nursery.start_soon(self._query, query, wanted, send)
+                    nursery.start_soon(self._query, query, wanted, k, send)
 
             launch(lookup.start(self._table.closest(target, k)))
             while not lookup.finished:
@@ -285,12 +287,15 @@ class KademliaOverlay:
                     launch(lookup.on_reply(query.contact.id, contacts))
         return lookup
 
-    async def _query(self, query: Query, target: bytes,
+    async def _query(self, query: Query, target: bytes, count: int,
                      send: trio.MemorySendChannel[tuple[Query, list[Contact] | None]]) -> None:
         contact = query.contact
         contacts: list[Contact] | None = None
+        request: dict[str, Any] = {"op": "find", "target": target}
+        if count > self.options.k:
+            request["count"] = count
         try:
-            peer, answer = await self._rpc(contact.peer.address, {"op": "find", "target": target})
+            peer, answer = await self._rpc(contact.peer.address, request)
             _check_key(contact, peer)
             contacts = decode_contacts(answer, self.options.puzzle_difficulty)
         except (Unavailable, RemoteError, DecodeError, ProtocolError) as exc:
@@ -349,10 +354,16 @@ class KademliaOverlay:
             target = field(body, "target", bytes, where="kad find request")
             if len(target) != 32:
                 raise DecodeError("target must be 32 bytes", where="kad find request")
+            wanted = self.options.k
+            if "count" in body:
+                count = field(body, "count", int, where="kad find request")
+                if count < 1:
+                    raise DecodeError("count must be positive", where="kad find request")
+                wanted = max(wanted, min(count, MAX_REPLY_CONTACTS))
             self._observe(peer)
             self._counts["requests_served"] += 1
             sender = int.from_bytes(peer.node_id, "big")
-            nearest = self._table.closest(int.from_bytes(target, "big"), self.options.k,
+            nearest = self._table.closest(int.from_bytes(target, "big"), wanted,
                                           exclude=sender)
             return {"nodes": encode_contacts(nearest)}
         raise ProtocolError(f"unknown kad operation {op!r}")

@@ -340,7 +340,7 @@ def test_bad_transport_options() -> None:
 
 async def test_bad_options_refuse_to_open() -> None:
     for options in ({"max_frame_size": 5}, {"listen": 3}, {"nope": 1},
-                    {"handshake_timeout": 0}):
+                    {"handshake_timeout": 0}, {"frame_timeout": -1}, {"idle_timeout": True}):
         with pytest.raises(BaseException) as refused:
             async with tcp_node(transport=options):
                 pass
@@ -374,3 +374,57 @@ async def test_twenty_nodes_on_loopback_find_each_other() -> None:
             assert sorted(p.node_id for p in everyone) == sorted(ids)
             assert {p.address for p in everyone} == {n.address for n in nodes}
         nursery.cancel_scope.cancel()
+
+
+async def test_silent_and_stalled_handshakes_free_their_slots() -> None:
+    async with tcp_node(transport={"max_connections": 2, "handshake_timeout": 0.3}) as node:
+        echo_services(node, [])
+        silent = RawClient(await trio.open_tcp_stream(*parse_address(node.address)),
+                           FrameDecoder(4096))
+        assert isinstance(await silent.frame(), Hello)
+        partial = RawClient(await trio.open_tcp_stream(*parse_address(node.address)),
+                            FrameDecoder(4096))
+        assert isinstance(await partial.frame(), Hello)
+        hello = Handshake(Identity.generate(), NetworkParams(), "127.0.0.1:1", True,
+                          bytes(32)).hello()
+        await partial.stream.send_all(encode_frame(hello)[:20])
+        async with tcp_node() as late:
+            with pytest.raises(PeerUnreachable, match="too many connections"):
+                await late.call(node.address, "echo", 1)
+            assert await silent.closed() and await partial.closed()
+            assert (await late.call(node.address, "echo", 2))["body"] == 2
+        stats = node.transport.statistics()
+        assert stats.handshakes_timed_out == 2 and stats.connections_refused == 3
+
+
+async def test_stalled_frames_and_idle_peers_are_closed_busy_ones_kept() -> None:
+    timeouts = {"frame_timeout": 0.3, "idle_timeout": 0.3}
+    async with tcp_node(transport=timeouts) as node:
+        echo_services(node, [])
+
+        async def slow(peer: Peer, body: Any) -> Any:
+            await trio.sleep(1.0)
+            return body
+
+        node.register_service("slow", slow)
+        stalled, answer = await raw_connect(node.address)
+        assert isinstance(answer, Auth)
+        frame = encode_frame(Request(1, ketten._wire.encode_message("echo", "x" * 50)))
+        await stalled.stream.send_all(frame[:30])
+        idle, answer = await raw_connect(node.address)
+        assert isinstance(answer, Auth)
+        async with tcp_node(transport=timeouts) as friend:
+            assert await stalled.closed()
+            assert node.transport.statistics().stalled_frames == 1
+            # busy for longer than the idle timeout on both sides, yet kept open
+            assert await friend.call(node.address, "slow", 3) == 3
+            assert await idle.closed()
+            stats = node.transport.statistics()
+            assert stats.idle_closed == 1 and stats.stalled_frames == 1
+            dialed = friend.transport._dialed[node.address]
+            with trio.fail_after(5):
+                await dialed.finished.wait()
+            assert node.transport.statistics().idle_closed == 1, "the dialer closes first"
+            assert (await friend.call(node.address, "echo", 4))["body"] == 4
+            assert friend.transport.statistics().connections_dialed == 2
+        assert node.transport.statistics().malformed_frames == 0

@@ -10,12 +10,15 @@ seeded in-process network in virtual time.
 from __future__ import annotations
 
 from ._check_clock import check_clock
+from ._check_overlay import OverlayFactory, check_overlay
 from ._check_store import check_store
 from ._cluster import Cluster, deterministic_identity, open_cluster, seed_scheduler
 
 __all__ = [
     "Cluster",
+    "OverlayFactory",
     "check_clock",
+    "check_overlay",
     "check_store",
     "deterministic_identity",
     "open_cluster",
