@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from ._chain import Verify, scan_encoded_chain
 from ._identity import Identity
 from ._plugins import KINDS, installed_names, plugin_manager
 from .errors import KettenError
+from .interfaces import StoreReader
 
 __all__ = ["main"]
 
@@ -28,53 +29,53 @@ def _cmd_keygen(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_chains(args: argparse.Namespace) -> int:
-    """List the chains of store directories with their heights and head hashes."""
+def _readers(paths: Sequence[str]) -> Iterator[tuple[str, StoreReader | None]]:
+    """Each path with a reader from the store plugin that recognises it (closed after use)."""
     pm = plugin_manager()
-    missing = 0
-    for path in args.paths:
+    for path in paths:
         reader = pm.hook.ketten_open_store_reader(path=path)
         if reader is None:
             print(f"{path}: not a ketten store directory (no installed store plugin reads it)")
-            missing += 1
+            yield path, None
             continue
         try:
-            heads = reader.heads()
-            print(f"{path}: {len(heads)} chains")
-            for criterion in sorted(heads):
-                seq, head = heads[criterion]
-                print(f"  {criterion.hex()}  {seq + 1:>10} events  head {head.hex()[:16]}")
+            yield path, reader
         finally:
             reader.close()
-    return 1 if missing else 0
+
+
+def _cmd_chains(args: argparse.Namespace) -> int:
+    """List the chains of store directories with their heights and head hashes."""
+    failures = 0
+    for path, reader in _readers(args.paths):
+        if reader is None:
+            failures += 1
+            continue
+        heads = reader.heads()
+        print(f"{path}: {len(heads)} chains")
+        for criterion in sorted(heads):
+            seq, head = heads[criterion]
+            print(f"  {criterion.hex()}  {seq + 1:>10} events  head {head.hex()[:16]}")
+    return 1 if failures else 0
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
     """Check every chain of one or more store directories, offline."""
-    pm = plugin_manager()
     verify = Verify.parse(args.verify)
     failures = 0
-    for path in args.paths:
-        reader = pm.hook.ketten_open_store_reader(path=path)
+    for path, reader in _readers(args.paths):
         if reader is None:
-            print(f"{path}: not a ketten store directory (no installed store plugin reads it)")
             failures += 1
             continue
-        try:
-            for criterion in reader.criteria():
-                try:
-                    count = sum(
-                        1 for _ in scan_encoded_chain(
-                            (raw for _, raw in reader.read_encoded(criterion)), verify=verify
-                        )
-                    )
-                except KettenError as exc:
-                    failures += 1
-                    print(f"{path}: chain {criterion.hex()}: FAILED: {exc}")
-                else:
-                    print(f"{path}: chain {criterion.hex()}: {count} events ok")
-        finally:
-            reader.close()
+        for criterion in reader.criteria():
+            encoded = (raw for _, raw in reader.read_encoded(criterion))
+            try:
+                count = sum(1 for _ in scan_encoded_chain(encoded, verify=verify))
+            except KettenError as exc:
+                failures += 1
+                print(f"{path}: chain {criterion.hex()}: FAILED: {exc}")
+            else:
+                print(f"{path}: chain {criterion.hex()}: {count} events ok")
     return 1 if failures else 0
 
 
