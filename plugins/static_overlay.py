@@ -1,1 +1,290 @@
-"""(being written)"""
+"""The ``static`` overlay: full membership, learned from seed addresses.
+
+Every node knows every other node. A node says hello to its seeds; the
+hello carries the sender's replication factor (peers with another ``r`` are
+refused) and the members the sender knows, and so does the reply, so the
+membership spreads. Hellos double as liveness pings every ``interval``
+seconds: a member that does not answer is marked down until it answers
+again. A member that has been down for ``evict_after`` seconds leaves the
+replica sets (:meth:`StaticOverlay.closest`); until then it keeps its place,
+so that a partition or a restart shorter than ``evict_after`` does not move
+any chain to other brokers (consistency over availability).
+
+Members are kept in a store cursor, so a node that restarts sees the same
+replica sets as before even if it cannot reach its seeds yet. Only peers
+authenticated by the transport become members; addresses learned
+from others' lists are candidates until they answer a hello themselves.
+
+Options (``NodeConfig.options["overlay"]``): ``seeds`` (list of addresses),
+``interval`` (seconds, default 1.0), ``evict_after`` (seconds, default 30.0).
+
+Service ``static``: ``{op: "hello", r: int, known: [[address, public key], ...]}``
+-> ``{r: int, known: [...]}``.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from ketten import _codec, hookimpl
+from ketten._wire import field
+from ketten.errors import ConfigError, DecodeError, KettenError, ProtocolError
+from ketten.interfaces import Peer
+
+if TYPE_CHECKING:
+    from ketten import Node
+
+__all__ = ["OverlayStatistics", "StaticOverlay"]
+
+_MAX_KNOWN = 1024
+_CURSOR = "overlay/static/members"
+_CANDIDATE_TRIES = 3
+
+
+@attrs.frozen
+class OverlayStatistics:
+    """Counters of a static overlay."""
+
+    members: int
+    live: int
+    candidates: int
+    hellos_sent: int
+    hello_failures: int
+    hellos_served: int
+    refused: int
+
+
+@attrs.define(eq=False)
+class _Member:
+    peer: Peer
+    node_id: bytes
+    down_since: float | None = None
+
+
+@attrs.define(eq=False)
+class StaticOverlay:
+    """An :class:`~ketten.interfaces.Overlay` where every node knows every node."""
+
+    node: Node
+    seeds: list[str]
+    interval: float = 1.0
+    evict_after: float = 30.0
+    _members: dict[bytes, _Member] = attrs.field(factory=dict, init=False)
+    _candidates: dict[str, int] = attrs.field(factory=dict, init=False)
+    _dirty: bool = attrs.field(default=False, init=False)
+    _rng: random.Random = attrs.field(init=False)
+    _counts: dict[str, int] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._rng = random.Random(self.node.identity.node_id)
+        self._counts = {"hellos_sent": 0, "hello_failures": 0, "hellos_served": 0, "refused": 0}
+        self.node.register_service("static", self._serve)
+
+    # -- Overlay -----------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await self._recall()
+        for address in self.seeds:
+            if address != self.node.address:
+                self._candidates.setdefault(address, 0)
+        # Learn the whole membership before anyone asks for replica sets.
+        for _ in range(8):
+            await self._round()
+            if not self._candidates or not self._members:
+                break
+        task_status.started()
+        while True:
+            await trio.sleep(self.interval * (0.75 + 0.5 * self._rng.random()))
+            await self._round()
+
+    async def closest(self, key: bytes, count: int) -> list[Peer]:
+        await trio.lowlevel.checkpoint()
+        now = trio.current_time()
+        me = Peer(self.node.address, self.node.identity.public_key)
+        ranked: list[tuple[int, Peer]] = [
+            (int.from_bytes(self.node.identity.node_id, "big") ^ int.from_bytes(key, "big"), me)
+        ]
+        for member in self._members.values():
+            if member.down_since is not None and now - member.down_since >= self.evict_after:
+                continue
+            distance = int.from_bytes(member.node_id, "big") ^ int.from_bytes(key, "big")
+            ranked.append((distance, member.peer))
+        ranked.sort(key=lambda item: item[0])
+        return [peer for _, peer in ranked[:count]]
+
+    def members(self) -> list[Peer]:
+        """Every member this node knows, up or down (not itself)."""
+        return [m.peer for m in self._members.values()]
+
+    def live(self) -> list[Peer]:
+        """Members that answered their last hello."""
+        return [m.peer for m in self._members.values() if m.down_since is None]
+
+    def statistics(self) -> OverlayStatistics:
+        return OverlayStatistics(
+            members=len(self._members),
+            live=sum(1 for m in self._members.values() if m.down_since is None),
+            candidates=len(self._candidates),
+            **self._counts,
+        )
+
+    # -- membership --------------------------------------------------------
+
+    def _known(self) -> list[list[Any]]:
+        out: list[list[Any]] = []
+        for member in self._members.values():
+            if member.down_since is None:
+                out.append([member.peer.address, member.peer.public_key])
+            if len(out) >= _MAX_KNOWN:
+                break
+        return out
+
+    def _admit(self, peer: Peer) -> None:
+        if peer.public_key == self.node.identity.public_key:
+            return
+        self._candidates.pop(peer.address, None)
+        for key, member in list(self._members.items()):
+            if (member.peer.address == peer.address and key != peer.public_key
+                    and member.down_since is None):
+                member.down_since = trio.current_time()
+        known = self._members.get(peer.public_key)
+        if known is None:
+            self._members[peer.public_key] = _Member(peer, peer.node_id)
+            self._dirty = True
+            self.node.plugins.hook.ketten_peer_joined(node=self.node, peer=peer)
+            return
+        if known.peer != peer:
+            self._dirty = True
+        known.peer = peer
+        known.down_since = None
+
+    async def _recall(self) -> None:
+        """Reload the members known before a restart: a node that comes back
+        must see the same replica sets as before, not just its seeds."""
+        raw = await self.node.store.get_cursor(_CURSOR)
+        if raw is None:
+            return
+        try:
+            entries = _codec.loads(raw, max_size=1 << 20, where="static overlay members")
+            if type(entries) is not list:
+                raise DecodeError("expected a list", where="static overlay members")
+            for entry in entries:
+                if (type(entry) is not list or len(entry) != 2 or type(entry[0]) is not str
+                        or type(entry[1]) is not bytes or len(entry[1]) != 32):
+                    raise DecodeError("bad entry", where="static overlay members")
+                peer = Peer(entry[0], entry[1])
+                if peer.public_key != self.node.identity.public_key:
+                    self._members.setdefault(peer.public_key, _Member(peer, peer.node_id))
+        except DecodeError:
+            self._members.clear()
+
+    async def _remember(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        entries = [[m.peer.address, m.peer.public_key] for m in self._members.values()]
+        await self.node.store.put_cursor(_CURSOR, _codec.dumps(entries))
+
+    def _learn(self, known: Any, where: str) -> None:
+        if type(known) is not list or len(known) > _MAX_KNOWN:
+            raise DecodeError(f"known must be a list of at most {_MAX_KNOWN} entries", where=where)
+        for entry in known:
+            if (
+                type(entry) is not list
+                or len(entry) != 2
+                or type(entry[0]) is not str
+                or type(entry[1]) is not bytes
+            ):
+                raise DecodeError("known entries are [address, public key]", where=where)
+            address, key = entry
+            if key == self.node.identity.public_key or address == self.node.address:
+                continue
+            if key not in self._members:
+                self._candidates.setdefault(address, 0)
+
+    def _check_r(self, body: Any, where: str) -> None:
+        theirs = field(body, "r", int, where=where)
+        if theirs != self.node.config.replication:
+            self._counts["refused"] += 1
+            raise ProtocolError(
+                f"replication factor {theirs} differs from this network's "
+                f"{self.node.config.replication}"
+            )
+
+    async def _serve(self, peer: Peer, body: Any) -> Any:
+        if field(body, "op", str, where="hello") != "hello":
+            raise ProtocolError("the static overlay only knows 'hello'")
+        self._check_r(body, "hello")
+        self._counts["hellos_served"] += 1
+        self._admit(peer)
+        self._learn(body.get("known"), "hello")
+        return {"r": self.node.config.replication, "known": self._known()}
+
+    async def _hello(self, address: str, member: _Member | None) -> None:
+        self._counts["hellos_sent"] += 1
+        body = {"op": "hello", "r": self.node.config.replication, "known": self._known()}
+        timeout = min(self.node.config.request_timeout, self.interval)
+        try:
+            peer, reply = await self.node.request(address, "static", body, timeout=timeout)
+            self._check_r(reply, "hello reply")
+            self._learn(reply.get("known"), "hello reply")
+        except KettenError:
+            self._counts["hello_failures"] += 1
+            if member is not None:
+                if member.down_since is None:
+                    member.down_since = trio.current_time()
+            else:
+                tries = self._candidates.get(address)
+                if tries is not None:
+                    if tries + 1 >= _CANDIDATE_TRIES and address not in self.seeds:
+                        del self._candidates[address]
+                    else:
+                        self._candidates[address] = tries + 1
+            return
+        if (member is not None and peer.public_key != member.peer.public_key
+                and member.down_since is None):
+            member.down_since = trio.current_time()
+        self._admit(peer)
+
+    async def _round(self) -> None:
+        targets: list[tuple[str, _Member | None]] = [
+            (m.peer.address, m) for m in self._members.values()
+        ]
+        addresses = {address for address, _ in targets}
+        targets += [(a, None) for a in list(self._candidates) if a not in addresses]
+        async with trio.open_nursery() as nursery:
+            for address, member in targets:
+                nursery.start_soon(self._hello, address, member)
+        await self._remember()
+
+
+def _number(options: Mapping[str, Any], name: str, default: float) -> float:
+    value = options.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+        raise ConfigError(f"overlay option {name!r} must be a positive number, got {value!r}")
+    return float(value)
+
+
+@hookimpl
+def ketten_plugin_names() -> Mapping[str, list[str]]:
+    return {"overlay": ["static"]}
+
+
+@hookimpl
+def ketten_make_overlay(name: str, options: Mapping[str, Any], node: Node) -> StaticOverlay | None:
+    if name != "static":
+        return None
+    seeds = options.get("seeds", [])
+    if isinstance(seeds, str) or not all(isinstance(s, str) for s in seeds):
+        raise ConfigError("overlay option 'seeds' must be a list of addresses")
+    return StaticOverlay(
+        node,
+        list(seeds),
+        interval=_number(options, "interval", 1.0),
+        evict_after=_number(options, "evict_after", 30.0),
+    )

@@ -11,14 +11,18 @@ import attrs
 import pluggy
 import trio
 
-from ._chain import Verify, WriterPolicy, check_successor
+from ._broker import Broker
+from ._chain import Chain, Verify, WriterPolicy, check_successor
 from ._config import NodeConfig
 from ._event import Event
-from ._identity import Identity
+from ._identity import Identity, criterion_key
 from ._plugins import make_plugin, plugin_manager
+from ._publisher import ConflictHandler, Publisher
+from ._sync import ReplicationStatistics, Replicator
 from ._wire import decode_message, encode_message, field
 from .errors import (
     BrokenLink,
+    ConfigError,
     DecodeError,
     KettenError,
     PeerUnreachable,
@@ -29,6 +33,7 @@ from .interfaces import Clock, Overlay, Peer, Store, Transport
 
 __all__ = ["Node", "NodeStatistics", "open_node"]
 
+_MAX_CACHED_HEADS = 1 << 16
 Service = Callable[[Peer, Any], Awaitable[Any]]
 MessageService = Callable[[Peer, Any], Awaitable[None]]
 
@@ -66,6 +71,10 @@ class Node:
     _policies: dict[bytes, WriterPolicy] = attrs.field(factory=dict, init=False)
     _locks: dict[bytes, trio.Lock] = attrs.field(factory=dict, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
+    _replicator: Replicator = attrs.field(init=False)
+    _publisher: Publisher = attrs.field(init=False)
+    _time: Callable[[], int] | None = attrs.field(default=None, init=False)
+    _heads: dict[bytes, Event] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._counts = {
@@ -77,6 +86,18 @@ class Node:
             "decode_errors": 0,
         }
         self.register_service("chain", self._serve_chain)
+        options = self.config.options_for("replication")
+        interval = options.get("anti_entropy", 2.0)
+        if not isinstance(interval, int | float) or isinstance(interval, bool) or interval <= 0:
+            raise ConfigError(f"replication option 'anti_entropy' must be a positive number of "
+                              f"seconds, got {interval!r}")
+        clock = options.get("time")
+        if clock is not None and not callable(clock):
+            raise ConfigError("replication option 'time' must be a callable returning ms")
+        self._time = clock
+        self._replicator = Replicator(self, interval=float(interval))
+        broker = Broker(self, self._replicator)
+        self._publisher = Publisher(self, self._replicator, broker)
 
     # -- components --------------------------------------------------------
 
@@ -147,13 +168,19 @@ class Node:
         :class:`~ketten.errors.RemoteError` (the peer answered with an error),
         :class:`~ketten.errors.DecodeError` (the reply is malformed).
         """
+        _, reply_body = await self.request(address, service, body, timeout=timeout)
+        return reply_body
+
+    async def request(self, address: str, service: str, body: Any, *,
+                      timeout: float | None = None) -> tuple[Peer, Any]:
+        """Like :meth:`call`, and also return the authenticated peer that answered."""
         limit = self.config.request_timeout if timeout is None else timeout
         with trio.move_on_after(limit):
             reply = await self.transport.request(address, encode_message(service, body))
             name, reply_body = decode_message(reply.data)
             if name != service:
                 raise ProtocolError(f"{address} answered a {service!r} request as {name!r}")
-            return reply_body
+            return reply.peer, reply_body
         raise PeerUnreachable(f"no reply from {address} within {limit} s")
 
     async def notify(self, address: str, service: str, body: Any) -> None:
@@ -192,6 +219,182 @@ class Node:
             await handler(peer, body)
         except KettenError:
             self._counts["requests_refused"] += 1
+
+    def replication_statistics(self) -> ReplicationStatistics:
+        """A frozen snapshot of the sync, fork and anti-entropy counters."""
+        return self._replicator.statistics()
+
+    def now_ms(self) -> int:
+        """Wall-clock milliseconds for event ``time`` fields (informational only).
+
+        The ``replication`` option ``time`` (a callable) replaces the system
+        clock, so that simulations in virtual time replay exactly.
+        """
+        if self._time is not None:
+            return int(self._time())
+        return int(_time.time() * 1000)
+
+    def appended(self, events: Sequence[Event]) -> None:
+        """Account for events just written to the store (as the new head of their
+        chain) and tell the plugins."""
+        self._counts["events_appended"] += len(events)
+        if events:
+            if len(self._heads) >= _MAX_CACHED_HEADS:
+                self._heads.clear()
+            self._heads[events[-1].criterion] = events[-1]
+        for event in events:
+            self.plugins.hook.ketten_event_appended(node=self, event=event)
+
+    async def head(self, criterion: bytes) -> Event | None:
+        """The head of the local chain; from memory when this node wrote it last."""
+        cached = self._heads.get(criterion)
+        if cached is not None:
+            return cached
+        head = await self.store.head(criterion)
+        if head is not None:
+            self._heads[criterion] = head
+        return head
+
+    def forget_head(self, criterion: bytes) -> None:
+        """Drop the remembered head (the store answered otherwise)."""
+        self._heads.pop(criterion, None)
+
+    def observe_clock(self, event: Event) -> None:
+        """Merge the clock stamp of an event received from a peer, if this node has a clock."""
+        if self._clock is not None and event.author != self.identity.public_key:
+            try:
+                self._clock.observe(event.clock)
+            except DecodeError:
+                self._counts["decode_errors"] += 1
+
+    # -- replicated chains -------------------------------------------------
+
+    @staticmethod
+    def _key(criterion: bytes | str) -> bytes:
+        if isinstance(criterion, str):
+            return criterion_key(criterion)
+        if type(criterion) is not bytes or len(criterion) != 32:
+            raise UsageError(
+                "criterion must be a name (str) or a 32-byte key (see ketten.criterion_key)")
+        return criterion
+
+    async def publish(
+        self,
+        criterion: bytes | str,
+        payload: bytes,
+        *,
+        command: int | None = None,
+        on_conflict: ConflictHandler | None = None,
+        deadline: float = 10.0,
+        writers: Sequence[bytes] | None = None,
+        author: Identity | None = None,
+    ) -> Event:
+        """Append ``payload`` to the replicated chain of ``criterion``; return the event.
+
+        ``criterion`` is a name (hashed with :func:`ketten.criterion_key`) or a
+        32-byte key. The event is built on the latest known head and offered
+        to the ``r`` brokers of the criterion at once; it is acknowledged
+        when a majority of ``r`` holds it. When a majority answers that the
+        chain has moved on, the node syncs, calls ``on_conflict(new_head)``
+        (sync or async; it returns the payload to retry with, ``None`` for
+        the same one, or raises to give up) and retries with jittered
+        exponential backoff. ``deadline`` is how many seconds to keep
+        trying. ``command`` makes the publish idempotent: the id
+        ``(author, command)`` is applied at most once per chain, and
+        publishing it again with the same payload returns the event already
+        applied (see :class:`ketten.Agent`). ``writers`` (only for the first
+        event of a chain) restricts who may append. ``author`` signs as
+        another identity (default: the node's).
+
+        Raises :class:`~ketten.errors.QuorumUnavailable` when fewer than a
+        majority of the brokers answered (nothing was acknowledged),
+        :class:`~ketten.errors.Unavailable` when no event gathered a majority
+        before the deadline, :class:`~ketten.errors.CommandIdReused` when the
+        command id already names other content,
+        :class:`~ketten.errors.WriterNotAllowed` /
+        :class:`~ketten.errors.InvalidEvent` when the brokers refuse the
+        event, :class:`~ketten.errors.UsageError` for bad arguments.
+        After an :class:`~ketten.errors.Unavailable` error the event may still
+        reach the chain later (a minority of brokers may hold it, and brokers
+        that catch up can adopt it): publish with a ``command`` id and retry
+        the same id to settle the outcome exactly once.
+        """
+        key = self._key(criterion)
+        if not isinstance(payload, bytes):
+            raise UsageError(f"payload must be bytes, not {type(payload).__name__}")
+        if command is not None and (type(command) is not int or command < 0):
+            raise UsageError("command must be a non-negative integer")
+        if not isinstance(deadline, int | float) or deadline <= 0:
+            raise UsageError("deadline must be a positive number of seconds")
+        self.nursery  # noqa: B018 - raises UsageError unless the node is open
+        return await self._publisher.publish(
+            key, payload, identity=author if author is not None else self.identity,
+            command=command, on_conflict=on_conflict, deadline=float(deadline),
+            writers=list(writers) if writers is not None else None,
+        )
+
+    async def sync(self, criterion: bytes | str) -> Event | None:
+        """Bring the local copy of ``criterion`` in line with a majority of its brokers.
+
+        Returns the local head afterwards (``None``: the chain is empty).
+        Raises :class:`~ketten.errors.QuorumUnavailable` if fewer than a
+        majority of the brokers answered.
+        """
+        return await self._replicator.sync(self._key(criterion), quorum=True)
+
+    async def read(self, criterion: bytes | str, since: int = 0) -> list[Event]:
+        """The events of ``criterion`` from seq ``since`` on, after a sync with a majority.
+
+        Raises :class:`~ketten.errors.QuorumUnavailable` if fewer than a
+        majority of the brokers answered.
+        """
+        key = self._key(criterion)
+        await self._replicator.sync(key, quorum=True)
+        return await self.store.range(key, max(since, 0))
+
+    async def replay(self, criterion: bytes | str, from_seq: int = 0) -> AsyncIterator[Event]:
+        """The local copy of ``criterion`` from ``from_seq`` to its head, in chain order.
+
+        Reads the store in pages, so long chains stream. No network.
+        """
+        key = self._key(criterion)
+        start = max(from_seq, 0)
+        while True:
+            page = await self.store.range(key, start, start + 512)
+            for event in page:
+                yield event
+            if len(page) < 512:
+                return
+            start += 512
+
+    async def view(self, criterion: bytes | str, at: bytes) -> Chain:
+        """The chain of ``criterion`` as it was when the event ``at`` was its head.
+
+        ``at`` may also be an orphaned event: the view is then the branch it
+        was on. Rolling application state back is replaying this view. No
+        network. Raises :class:`KeyError` if no stored event has that hash
+        in this chain.
+        """
+        key = self._key(criterion)
+        target = await self.store.get(at)
+        if target is None or target.criterion != key:
+            raise KeyError(at.hex())
+        path: list[Event] = []
+        tip: Event | None = target
+        while tip is not None:
+            found = await self.store.range(key, tip.seq, tip.seq + 1)
+            if found and found[0].hash == tip.hash:
+                break
+            path.append(tip)
+            tip = await self.store.get(tip.prev) if tip.prev is not None else None
+            if tip is None and path[-1].seq > 0:
+                raise KeyError(at.hex())
+        prefix = await self.store.range(key, 0, tip.seq + 1) if tip is not None else []
+        return Chain(key, verify=Verify.LINKS, events=[*prefix, *reversed(path)])
+
+    async def orphans(self, criterion: bytes | str) -> list[Event]:
+        """Events of ``criterion`` that lost a fork here, oldest first."""
+        return await self.store.orphans(self._key(criterion))
 
     # -- local chains ------------------------------------------------------
 
@@ -284,9 +487,7 @@ class Node:
         await self.store.append(events)
         if policy is not None:
             self._policies[criterion] = policy
-        self._counts["events_appended"] += len(events)
-        for event in events:
-            self.plugins.hook.ketten_event_appended(node=self, event=event)
+        self.appended(events)
 
     async def pull(self, address: str, criterion: bytes) -> int:
         """Fetch what ``address`` has of ``criterion`` beyond the local head.
@@ -384,6 +585,7 @@ async def open_node(
                     pm, "overlay", config.overlay, config.options_for("overlay"), node
                 )
                 await nursery.start(node._overlay.run)
+            await nursery.start(node._replicator.run)
             pm.hook.ketten_node_started(node=node)
             try:
                 yield node

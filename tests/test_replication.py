@@ -1,0 +1,530 @@
+"""Replicated chains: publish, sync, forks, churn, reading, idempotency, writers.
+
+Every test runs real nodes on the in-process network in virtual time
+(``autojump_clock``), with the ``static`` overlay and memory stores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import attrs
+import pluggy
+import pytest
+import trio
+
+import ketten
+import ketten.plugins.memory_store
+from ketten import Event, Identity, NodeConfig, criterion_key, hookimpl, open_node
+from ketten._agent import Agent
+from ketten._node import Node
+from ketten.adapters.memory import Faults, MemoryNetwork
+from ketten.errors import (
+    CommandIdReused,
+    QuorumUnavailable,
+    UsageError,
+    WriterNotAllowed,
+)
+from ketten.plugins.memory_store import MemoryBacking
+from ketten.testing import deterministic_identity
+
+
+@attrs.define(eq=False)
+class Cluster:
+    """Nodes on one memory network that can be started and stopped one by one."""
+
+    nursery: trio.Nursery
+    plugins: pluggy.PluginManager
+    net: MemoryNetwork
+    seed: int = 0
+    replication: int = 3
+    anti_entropy: float = 1.0
+    evict_after: float = 30.0
+    request_timeout: float = 1.0
+    nodes: dict[int, Node] = attrs.field(factory=dict)
+    backings: dict[int, MemoryBacking] = attrs.field(factory=dict)
+    scopes: dict[int, trio.CancelScope] = attrs.field(factory=dict)
+    identities: dict[int, Identity] = attrs.field(factory=dict)
+
+    def identity(self, index: int) -> Identity:
+        if index not in self.identities:
+            self.identities[index] = deterministic_identity(self.seed, index)
+        return self.identities[index]
+
+    def config(self, index: int, **changes: Any) -> NodeConfig:
+        backing = self.backings.setdefault(index, MemoryBacking())
+        base = NodeConfig(
+            identity=self.identity(index),
+            overlay="static",
+            replication=self.replication,
+            request_timeout=self.request_timeout,
+            options={
+                "transport": {"network": self.net, "address": f"n:{index}"},
+                "store": {"backing": backing},
+                "overlay": {"seeds": ["n:0"], "interval": 0.5, "evict_after": self.evict_after},
+                "replication": {"anti_entropy": self.anti_entropy,
+                                "time": lambda: int(trio.current_time() * 1000)},
+            },
+        )
+        return attrs.evolve(base, **changes)
+
+    async def start(self, index: int, **changes: Any) -> Node:
+        config = self.config(index, **changes)
+
+        async def run(task_status: trio.TaskStatus[Node]) -> None:
+            with trio.CancelScope() as scope:
+                self.scopes[index] = scope
+                async with open_node(config, plugins=self.plugins) as node:
+                    self.nodes[index] = node
+                    task_status.started(node)
+                    await trio.sleep_forever()
+            self.nodes.pop(index, None)
+
+        node: Node = await self.nursery.start(run)
+        return node
+
+    async def stop(self, index: int) -> None:
+        self.scopes.pop(index).cancel()
+        while index in self.nodes:
+            await trio.sleep(0.01)
+
+    def brokers(self, key: bytes) -> list[int]:
+        """Indices of the running nodes closest to ``key`` (the replica set)."""
+        target = int.from_bytes(key, "big")
+        ranked = sorted(self.nodes, key=lambda i: int.from_bytes(
+            self.identity(i).node_id, "big") ^ target)
+        return ranked[: self.replication]
+
+    def others(self, key: bytes) -> list[int]:
+        chosen = self.brokers(key)
+        return [i for i in sorted(self.nodes) if i not in chosen]
+
+    async def chain(self, index: int, key: bytes) -> list[Event]:
+        return await self.nodes[index].store.range(key)
+
+    async def settle(self, key: bytes, seconds: float = 10.0) -> list[Event]:
+        """Wait until the brokers of ``key`` agree; return their chain."""
+        with trio.fail_after(seconds):
+            while True:
+                chains = [await self.chain(i, key) for i in self.brokers(key)]
+                if all(c == chains[0] for c in chains):
+                    return chains[0]
+                await trio.sleep(0.1)
+
+    def cut(self, *indices: int) -> None:
+        self.net.cut([f"n:{i}" for i in indices])
+
+    def heal(self) -> None:
+        self.net.heal()
+
+
+@asynccontextmanager
+async def cluster(plugins: pluggy.PluginManager, count: int, *, faults: Faults | None = None,
+                  **options: Any) -> AsyncIterator[Cluster]:
+    net = MemoryNetwork(seed=options.get("seed", 0), faults=faults or Faults())
+    async with trio.open_nursery() as nursery:
+        c = Cluster(nursery, plugins, net, **options)
+        for index in range(count):
+            await c.start(index)
+        await trio.sleep(2.0)
+        yield c
+        nursery.cancel_scope.cancel()
+
+
+# -- seed 000 scenarios ------------------------------------------------------
+
+
+async def test_first_event_of_a_new_criterion(plugins, autojump_clock) -> None:
+    async with cluster(plugins, 5) as c:
+        key = criterion_key("orders")
+        publisher = c.others(key)[0]
+        event = await c.nodes[publisher].publish("orders", b"first")
+        assert (event.seq, event.prev, event.payload) == (0, None, b"first")
+        assert event.author == c.identity(publisher).public_key
+        assert await c.settle(key) == [event]
+        for index in c.others(key):
+            assert await c.chain(index, key) == []
+
+
+async def test_a_successor_links_to_the_head(plugins, autojump_clock) -> None:
+    async with cluster(plugins, 5) as c:
+        key = criterion_key("orders")
+        first = await c.nodes[0].publish(key, b"1")
+        second = await c.nodes[3].publish(key, b"2")
+        assert (second.seq, second.prev) == (1, first.hash)
+        assert await c.settle(key) == [first, second]
+
+
+async def test_a_stale_publish_syncs_rechecks_and_retries(plugins, autojump_clock) -> None:
+    async with cluster(plugins, 5) as c:
+        key = criterion_key("stale")
+        a, b = c.others(key)[0], c.brokers(key)[0]
+        await c.nodes[a].publish(key, b"a1")
+        newer = await c.nodes[b].publish(key, b"b1")
+        seen: list[Event | None] = []
+
+        def recheck(head: Event | None) -> bytes:
+            seen.append(head)
+            return b"a2 after " + (head.payload if head else b"")
+
+        event = await c.nodes[a].publish(key, b"a2", on_conflict=recheck)
+        assert seen == [newer]
+        assert (event.seq, event.prev, event.payload) == (2, newer.hash, b"a2 after b1")
+        chain = await c.settle(key)
+        assert [e.payload for e in chain] == [b"a1", b"b1", b"a2 after b1"]
+
+
+async def test_on_conflict_can_give_up(plugins, autojump_clock) -> None:
+    async with cluster(plugins, 5) as c:
+        key = criterion_key("give up")
+        a, b = c.others(key)[0], c.others(key)[1]
+        await c.nodes[a].publish(key, b"a1")
+        await c.nodes[b].publish(key, b"b1")
+
+        class Changed(Exception):
+            pass
+
+        def refuse(head: Event | None) -> bytes:
+            raise Changed
+
+        with pytest.raises(Changed):
+            await c.nodes[a].publish(key, b"a2", on_conflict=refuse)
+        assert [e.payload for e in await c.settle(key)] == [b"a1", b"b1"]
+
+
+async def test_a_broker_without_the_predecessor_syncs_before_answering(
+        plugins, autojump_clock) -> None:
+    async with cluster(plugins, 5, anti_entropy=1000.0) as c:
+        key = criterion_key("gap")
+        lagging, other, third = c.brokers(key)
+        publisher = c.others(key)[0]
+        c.cut(lagging)
+        for i in range(4):
+            await c.nodes[publisher].publish(key, b"%d" % i)
+        c.heal()
+        assert await c.chain(lagging, key) == []
+        # Without the lagging broker's vote there is no majority now: it has to
+        # catch up from the one broker it can reach before it acknowledges.
+        c.cut(other)
+        event = await c.nodes[publisher].publish(key, b"needs the lagging broker")
+        assert event.seq == 4
+        chain = await c.chain(lagging, key)
+        assert chain == await c.chain(third, key)
+        assert chain[-1] == event
+        assert c.nodes[lagging].replication_statistics().events_synced >= 4
+
+
+async def test_a_broker_leaves_and_another_takes_over(plugins, autojump_clock) -> None:
+    async with cluster(plugins, 6, evict_after=3.0) as c:
+        key = criterion_key("handover")
+        publisher = c.others(key)[0]
+        events = [await c.nodes[publisher].publish(key, b"%d" % i) for i in range(10)]
+        leaving = c.brokers(key)[0]
+        await c.stop(leaving)
+        successor = c.brokers(key)[-1]
+        assert await c.chain(successor, key) == []
+        await trio.sleep(5.0)  # the leaver is evicted; nobody says goodbye
+        events.append(await c.nodes[publisher].publish(key, b"after"))
+        chain = await c.settle(key)
+        assert chain == events
+        assert await c.chain(successor, key) == events
+
+
+async def test_a_new_node_catches_up(plugins, autojump_clock) -> None:
+    async with cluster(plugins, 4) as c:
+        newcomer = c.identity(9)
+        key = newcomer.node_id  # the newcomer will be the closest node to this key
+        events = [await c.nodes[i % 4].publish(key, b"%d" % i) for i in range(25)]
+        assert 9 not in c.brokers(key)
+        await c.start(9)
+        assert 9 in c.brokers(key)
+        chain = await c.settle(key)
+        assert chain == events
+        assert c.nodes[9].replication_statistics().events_synced == 25
+
+
+async def test_replay_reads_the_local_copy_in_order(plugins, autojump_clock) -> None:
+    async with cluster(plugins, 4) as c:
+        key = criterion_key("replay")
+        events = [await c.nodes[0].publish(key, b"%d" % i) for i in range(600)]
+        broker = c.brokers(key)[0]
+        await c.settle(key, 30.0)
+        replayed = [e async for e in c.nodes[broker].replay(key)]
+        assert replayed == events
+        assert [e async for e in c.nodes[broker].replay("replay", from_seq=595)] == events[595:]
+
+
+async def test_a_view_as_of_an_older_hash(plugins, autojump_clock) -> None:
+    async with cluster(plugins, 4) as c:
+        key = criterion_key("view")
+        events = [await c.nodes[1].publish(key, b"%d" % i) for i in range(10)]
+        broker = c.nodes[c.brokers(key)[0]]
+        await c.settle(key)
+        view = await broker.view(key, at=events[4].hash)
+        assert view.head == events[4]
+        assert list(view.replay()) == events[:5]
+        with pytest.raises(KeyError):
+            await broker.view(key, at=b"\0" * 32)
+
+
+# -- reading -------------------------------------------------------------------
+
+
+async def test_read_syncs_with_a_majority_first(plugins, autojump_clock) -> None:
+    async with cluster(plugins, 5) as c:
+        key = criterion_key("read")
+        events = [await c.nodes[0].publish(key, b"%d" % i) for i in range(7)]
+        reader = c.nodes[c.others(key)[-1]]
+        assert await reader.store.range(key) == []
+        assert await reader.read(key) == events
+        assert await reader.read(key, since=5) == events[5:]
+        assert await reader.sync(key) == events[-1]
+
+
+async def test_read_without_a_majority_fails(plugins, autojump_clock) -> None:
+    async with cluster(plugins, 5) as c:
+        key = criterion_key("cut off")
+        await c.nodes[0].publish(key, b"x")
+        reader = c.others(key)[-1]
+        c.cut(reader)
+        with pytest.raises(QuorumUnavailable):
+            await c.nodes[reader].read(key)
+
+
+# -- quorum ----------------------------------------------------------------------
+
+
+async def test_publish_without_a_majority_fails_and_acknowledges_nothing(
+        plugins, autojump_clock) -> None:
+    async with cluster(plugins, 5) as c:
+        key = criterion_key("minority")
+        await c.nodes[0].publish(key, b"before")
+        publisher = c.brokers(key)[0]
+        c.cut(*c.brokers(key)[1:])
+        start = trio.current_time()
+        with pytest.raises(QuorumUnavailable, match="1 of the 3 brokers"):
+            await c.nodes[publisher].publish(key, b"lonely", command=1, deadline=3.0)
+        assert trio.current_time() - start == pytest.approx(3.0, abs=0.2)
+        c.heal()
+        # The outcome was unknown to the caller; retrying the command settles it once.
+        event = await c.nodes[publisher].publish(key, b"lonely", command=1)
+        chain = await c.settle(key)
+        assert [e.payload for e in chain] == [b"before", b"lonely"]
+        assert chain[1] == event
+
+
+# -- forks -------------------------------------------------------------------------
+
+
+class ForkRecorder:
+    def __init__(self) -> None:
+        self.resolved: list[tuple[str, list[bytes], bytes]] = []
+
+    @hookimpl
+    def ketten_fork_resolved(self, node: Node, criterion: bytes, orphaned: list[Event],
+                             head: Event) -> None:
+        self.resolved.append((node.address, [e.payload for e in orphaned], head.payload))
+
+
+async def test_a_minority_branch_is_rolled_back_to_orphans(autojump_clock) -> None:
+    recorder = ForkRecorder()
+    pm = ketten.plugin_manager(extra=(recorder,))
+    async with cluster(pm, 4, anti_entropy=1.0) as c:
+        key = criterion_key("fork")
+        events = [await c.nodes[0].publish(key, b"%d" % i) for i in range(3)]
+        await c.settle(key)
+        loser = c.brokers(key)[2]
+        rogue = Event.create(c.identity(loser), criterion=key, seq=2, prev=events[1].hash,
+                             payload=b"rogue", time=1)
+        extra = Event.create(c.identity(loser), criterion=key, seq=3, prev=rogue.hash,
+                             payload=b"rogue 2", time=2)
+        store = c.nodes[loser].store
+        await store.replace_from(key, 2, [rogue, extra])
+        chain = await c.settle(key)
+        assert chain == events
+        assert [e.payload for e in await c.nodes[loser].orphans(key)][-2:] == [b"rogue",
+                                                                                  b"rogue 2"]
+        assert (f"n:{loser}", [b"rogue", b"rogue 2"], b"2") in recorder.resolved
+        lost_branch = await c.nodes[loser].view(key, at=extra.hash)
+        assert list(lost_branch.replay()) == [*events[:2], rogue, extra]
+
+
+async def test_a_three_way_split_ends_in_the_same_branch_everywhere(
+        plugins, autojump_clock) -> None:
+    async with cluster(plugins, 4, anti_entropy=1.0) as c:
+        key = criterion_key("three ways")
+        genesis = await c.nodes[0].publish(key, b"g")
+        await c.settle(key)
+        for index in c.brokers(key):
+            rival = Event.create(c.identity(index), criterion=key, seq=1, prev=genesis.hash,
+                                 payload=b"by %d" % index, time=1)
+            await c.nodes[index].store.append([rival])
+        chain = await c.settle(key)
+        assert len(chain) == 2
+        orphans = [len(await c.nodes[i].orphans(key)) for i in c.brokers(key)]
+        assert sorted(orphans) == [0, 1, 1]
+
+
+# -- idempotent commands ------------------------------------------------------------
+
+
+async def test_the_same_command_is_applied_once(plugins, autojump_clock) -> None:
+    async with cluster(plugins, 4) as c:
+        key = criterion_key("commands")
+        first = await c.nodes[0].publish(key, b"pay 10", command=7)
+        await c.nodes[1].publish(key, b"other")
+        again = await c.nodes[0].publish(key, b"pay 10", command=7)
+        assert again == first
+        chain = await c.settle(key)
+        assert [e.payload for e in chain] == [b"pay 10", b"other"]
+        with pytest.raises(CommandIdReused, match="command 7"):
+            await c.nodes[0].publish(key, b"pay 20", command=7)
+        assert await c.settle(key) == chain
+
+
+async def test_an_agent_counter_survives_a_restart(plugins, autojump_clock, tmp_path) -> None:
+    async with cluster(plugins, 4) as c:
+        key = criterion_key("agent")
+        author = Identity.from_seed(b"\7" * 32)
+        agent = await Agent.open(c.nodes[3], identity=author)
+        first = await agent.publish(key, b"a")
+        second = await agent.publish(key, b"b")
+        assert (first.command, second.command) == (1, 2)
+        assert first.author == author.public_key
+        await c.stop(3)
+        await c.start(3)
+        agent = await Agent.open(c.nodes[3], identity=author)
+        third = await agent.publish(key, b"c")
+        assert third.command == 3
+        assert await agent.publish(key, b"b", command=2) == second
+
+        filed = await Agent.open(c.nodes[3], identity=author, path=tmp_path / "counter")
+        assert [await filed.next_command() for _ in range(3)] == [1, 2, 3]
+        reopened = await Agent.open(c.nodes[3], identity=author,
+                                           path=tmp_path / "counter")
+        assert await reopened.next_command() == 4
+
+
+# -- writers ------------------------------------------------------------------------
+
+
+async def test_a_genesis_can_restrict_writers(plugins, autojump_clock) -> None:
+    async with cluster(plugins, 4) as c:
+        key = criterion_key("private")
+        owner = c.nodes[0]
+        await owner.publish(key, b"genesis", writers=[owner.identity.public_key])
+        await owner.publish(key, b"mine")
+        with pytest.raises(WriterNotAllowed):
+            await c.nodes[1].publish(key, b"intruder")
+        with pytest.raises(UsageError, match="genesis"):
+            await owner.publish(key, b"again", writers=[owner.identity.public_key])
+        assert [e.payload for e in await c.settle(key)] == [b"genesis", b"mine"]
+
+
+# -- network-wide replication factor --------------------------------------------------
+
+
+async def test_a_node_with_another_replication_factor_is_refused(
+        plugins, autojump_clock) -> None:
+    async with cluster(plugins, 4) as c:
+        odd = await c.start(7, replication=5)
+        await trio.sleep(3.0)
+        assert odd.overlay is not None and odd.overlay.statistics().members == 0
+        assert all(c.nodes[i].overlay.statistics().refused > 0 for i in range(1))
+        key = criterion_key("r")
+        with pytest.raises(QuorumUnavailable):
+            await odd.publish(key, b"x", deadline=2.0)
+
+
+# -- faults ----------------------------------------------------------------------------
+
+
+async def test_publishing_through_loss_and_duplication(plugins, autojump_clock) -> None:
+    faults = Faults(latency=0.005, jitter=0.01, loss=0.2, duplicate=0.2, reorder=0.2)
+    async with cluster(plugins, 5, faults=faults, request_timeout=0.3) as c:
+        key = criterion_key("lossy")
+        acked = []
+        for i in range(60):
+            try:
+                acked.append(await c.nodes[i % 5].publish(key, b"%d" % i, command=i))
+            except ketten.Unavailable:
+                pass
+        chain = await c.settle(key, 30.0)
+        assert len(acked) > 40
+        for event in acked:
+            assert chain[event.seq] == event
+        assert len({(e.author, e.command) for e in chain}) == len(chain)
+
+
+# -- group commit -----------------------------------------------------------------------
+
+
+class CountingStore(ketten.plugins.memory_store.MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[int] = []
+
+    async def append(self, events: Any) -> None:
+        self.calls.append(len(events))
+        await super().append(events)
+
+
+async def test_concurrent_appends_share_store_transactions(autojump_clock) -> None:
+    from ketten._broker import GroupCommit
+    from ketten.errors import StoreConflict
+
+    store = CountingStore()
+    await store.open()
+    commit = GroupCommit(store)
+    author = Identity.from_seed(b"\4" * 32)
+    events = [Event.create(author, criterion=criterion_key(f"g{i}"), seq=0, prev=None,
+                           payload=b"", time=0) for i in range(40)]
+    clash = Event.create(author, criterion=criterion_key("g3"), seq=0, prev=None,
+                         payload=b"clash", time=0)
+    failures: list[Event] = []
+
+    async def one(event: Event) -> None:
+        try:
+            await commit.append(event)
+        except StoreConflict:
+            failures.append(event)
+
+    async with trio.open_nursery() as nursery:
+        for event in events[:30]:
+            nursery.start_soon(one, event)
+    assert failures == []
+    assert sum(store.calls) == 30
+    assert len(store.calls) < 10 and max(store.calls) > 1  # waiting appends shared a write
+    store.calls.clear()
+    async with trio.open_nursery() as nursery:
+        for event in events[30:]:
+            nursery.start_soon(one, event)
+        nursery.start_soon(one, clash)
+    # A batch holding the clash is refused as a whole, then retried one by one:
+    # only the clash fails.
+    assert failures == [clash]
+    for event in events:
+        assert await store.head(event.criterion) == event
+
+
+# -- clocks --------------------------------------------------------------------------------
+
+
+async def test_published_events_carry_clock_stamps_that_follow_causality(
+        plugins, autojump_clock) -> None:
+    from ketten.interfaces import ClockOrder
+
+    async with cluster(plugins, 4) as c:
+        for index in (4, 5):
+            await c.start(index, clock="lamport")
+        await trio.sleep(2.0)
+        key = criterion_key("clocked")
+        first = await c.nodes[4].publish(key, b"first")
+        # Node 5 learns ``first`` (as a broker, or from a stale answer) and observes its stamp.
+        second = await c.nodes[5].publish(key, b"second")
+        clock = c.nodes[5].clock
+        assert clock is not None and first.clock and second.clock
+        assert clock.compare(first.clock, second.clock) is ClockOrder.BEFORE
+        assert second.prev == first.hash
