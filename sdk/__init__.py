@@ -7,6 +7,7 @@ hash-linked chain replicated on the overlay nodes closest to its key.
 from __future__ import annotations
 
 from . import errors, hookspecs, interfaces
+from ._agent import Agent
 from ._chain import (
     AncestorSearch,
     Chain,
@@ -26,6 +27,7 @@ from ._event import DEFAULT_MAX_EVENT_SIZE, Event
 from ._identity import Identity, criterion_key, node_id_of, verify_signature
 from ._node import Node, NodeStatistics, open_node
 from ._plugins import installed_names, plugin_manager
+from ._sync import ReplicationStatistics
 from .errors import (
     BrokenLink,
     CommandIdReused,
@@ -55,6 +57,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEFAULT_MAX_EVENT_SIZE",
+    "Agent",
     "AncestorSearch",
     "BrokenLink",
     "Chain",
@@ -78,6 +81,7 @@ __all__ = [
     "ProtocolError",
     "QuorumUnavailable",
     "RemoteError",
+    "ReplicationStatistics",
     "StoreConflict",
     "StoreCorrupted",
     "StoreError",

@@ -94,7 +94,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("paths", nargs="+")
     p.add_argument("--verify", default="full", choices=[v.value for v in Verify])
     p.set_defaults(run=_cmd_verify)
-    args = parser.parse_args(argv)
+    sub.add_parser("sim", help="seeded fault simulation with the Jepsen-style checker "
+                   "(ketten sim --help for its options)", add_help=False)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["sim"]:
+        from .testing.jepsen import main as simulate
+
+        return simulate(args_list[1:])
+    args = parser.parse_args(args_list)
     try:
         code: int = args.run(args)
     except KettenError as exc:

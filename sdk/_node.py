@@ -572,21 +572,25 @@ async def open_node(
     )
     if config.clock is not None:
         node._clock = make_plugin(pm, "clock", config.clock, config.options_for("clock"), node)
+    if config.overlay is not None:
+        node._overlay = make_plugin(
+            pm, "overlay", config.overlay, config.options_for("overlay"), node
+        )
     await node.store.open()
     # An error raised by the application's block is re-raised as itself, not
-    # wrapped in the ExceptionGroup of the node's nursery.
+    # wrapped in the ExceptionGroup of the node's nursery; so is a single
+    # ketten error that keeps the node from starting (a port in use, say).
     body_error: BaseException | None = None
+    started = False
     try:
         async with trio.open_nursery() as nursery:
             node._nursery = nursery
             node._address = await nursery.start(node.transport.serve, node)
-            if config.overlay is not None:
-                node._overlay = make_plugin(
-                    pm, "overlay", config.overlay, config.options_for("overlay"), node
-                )
+            if node._overlay is not None:
                 await nursery.start(node._overlay.run)
             await nursery.start(node._replicator.run)
             pm.hook.ketten_node_started(node=node)
+            started = True
             try:
                 yield node
             except BaseException as exc:
@@ -594,6 +598,11 @@ async def open_node(
             finally:
                 pm.hook.ketten_node_stopping(node=node)
                 nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        leaves = group.exceptions
+        if not started and len(leaves) == 1 and isinstance(leaves[0], KettenError):
+            raise leaves[0] from None
+        raise
     finally:
         node._nursery = None
         with trio.CancelScope(shield=True):

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from ketten import Identity, NodeConfig, criterion_key, open_node
-from ketten._agent import Agent
+from ketten import Agent, Identity, NodeConfig, criterion_key, open_node
 from ketten.adapters.memory import MemoryNetwork
 from ketten.errors import CommandIdReused, DecodeError, UsageError
 from ketten.plugins.memory_store import MemoryBacking

@@ -73,3 +73,9 @@ def test_plugins_and_keygen(tmp_path: Path) -> None:
     again = subprocess.run([sys.executable, "-m", "ketten._cli", "keygen", str(key)],
                            capture_output=True, text=True)
     assert again.returncode == 2 and "overwrite" in again.stderr
+
+
+def test_sim_runs_seeds(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sim", "--seeds", "4-5", "--publishes", "120"]) == 0
+    out = capsys.readouterr().out
+    assert "seed 4: ok" in out and "seed 5: ok" in out and "all 2 seeds passed" in out

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import trio
 import trio.testing
 
@@ -33,8 +39,8 @@ async def gossip(seed: int) -> list[tuple[float, str, int]]:
 
 
 def run_seed(seed: int) -> list[tuple[float, str, int]]:
-    seed_scheduler(seed)
-    return trio.run(gossip, seed, clock=trio.testing.MockClock(autojump_threshold=0))
+    with seed_scheduler(seed):
+        return trio.run(gossip, seed, clock=trio.testing.MockClock(autojump_threshold=0))
 
 
 def test_a_seed_replays_exactly() -> None:
@@ -46,3 +52,17 @@ def test_a_seed_replays_exactly() -> None:
 def test_identities_follow_the_seed() -> None:
     assert deterministic_identity(1, 2).node_id == deterministic_identity(1, 2).node_id
     assert deterministic_identity(1, 2).node_id != deterministic_identity(2, 1).node_id
+
+
+def test_a_seed_replays_in_another_process() -> None:
+    script = (
+        "import hashlib, sys; sys.path.insert(0, sys.argv[1]); import test_cluster as t; "
+        "print(hashlib.sha256(repr(t.run_seed(21)).encode()).hexdigest())"
+    )
+    here = str(Path(__file__).parent)
+    outputs = {
+        subprocess.run([sys.executable, "-c", script, here], check=True, capture_output=True,
+                       text=True, env={**os.environ, "PYTHONHASHSEED": hashseed}).stdout.strip()
+        for hashseed in ("1", "2")
+    }
+    assert outputs == {hashlib.sha256(repr(run_seed(21)).encode()).hexdigest()}

@@ -147,9 +147,8 @@ async def test_puzzle_is_enforced(autojump_clock: trio.testing.MockClock) -> Non
             await cluster.add(solve_puzzle(4, rng))
         lazy = next(i for i in (Identity.from_seed(rng.randbytes(32)) for _ in range(100))
                     if not puzzle_ok(i.node_id, 4))
-        with pytest.raises(ExceptionGroup) as refused:
+        with pytest.raises(ConfigError, match="puzzle"):
             await cluster.add(lazy)
-        assert refused.group_contains(ConfigError, match="puzzle", depth=None)
         # the same identity in a network without the puzzle talks to them, but is never listed
         cluster.options = {}
         intruder = await cluster.add(lazy)

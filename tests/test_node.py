@@ -186,3 +186,12 @@ async def test_config_is_validated() -> None:
     with pytest.raises(UsageError, match="32-byte"):
         async with ketten.open_node(config(MemoryNetwork(), 1)) as node:
             await node.append_local(b"short", b"")
+
+
+async def test_startup_errors_are_not_wrapped(plugins: pluggy.PluginManager) -> None:
+    async with ketten.open_node(NodeConfig(transport="tcp"), plugins=plugins) as first:
+        taken = NodeConfig(transport="tcp", options={"transport": {"listen": first.address}})
+        with pytest.raises(ketten.KettenError) as info:
+            async with ketten.open_node(taken, plugins=plugins):
+                pass  # pragma: no cover
+        assert first.address.rsplit(":", 1)[1] in str(info.value)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import attrs
@@ -24,16 +24,31 @@ def deterministic_identity(seed: int, index: int) -> Identity:
     return Identity.from_seed(hashlib.sha256(b"ketten-sim:%d:%d" % (seed, index)).digest())
 
 
-def seed_scheduler(seed: int) -> None:
-    """Make trio's choice among tasks that wake at the same instant follow ``seed``.
+@contextmanager
+def seed_scheduler(seed: int) -> Iterator[None]:
+    """Make trio's choices among tasks that wake at the same instant follow ``seed``.
 
-    Together with a seeded :class:`~ketten.adapters.memory.MemoryNetwork`,
-    seeded identities and virtual time, this makes a simulation replay
-    exactly. Call it before ``trio.run``.
+    Inside the block trio orders each batch of runnable tasks by creation and
+    shuffles it with a generator seeded by ``seed`` (what it does under
+    Hypothesis); otherwise the order follows task addresses and a seed would
+    replay only in a fresh process. Together with a seeded
+    :class:`~ketten.adapters.memory.MemoryNetwork`, seeded identities and
+    virtual time, a simulation run inside the block replays exactly::
+
+        with seed_scheduler(seed):
+            trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     """
     from trio._core import _run  # trio keeps its scheduling randomness here
 
+    before = bool(getattr(_run, "_ALLOW_DETERMINISTIC_SCHEDULING", False))
+    state = _run._r.getstate()
+    setattr(_run, "_ALLOW_DETERMINISTIC_SCHEDULING", True)  # noqa: B010 - a Final constant
     _run._r.seed(seed)
+    try:
+        yield
+    finally:
+        setattr(_run, "_ALLOW_DETERMINISTIC_SCHEDULING", before)  # noqa: B010
+        _run._r.setstate(state)
 
 
 @attrs.define(eq=False)

@@ -315,18 +315,6 @@ class _Simulation:
         return True
 
 
-def _deterministic_scheduling(on: bool) -> bool:
-    """Make trio order each batch of runnable tasks by creation, then shuffle it
-    with its seeded generator (what it does under Hypothesis). Otherwise the
-    order follows sets of tasks hashed by address, so a seed would replay
-    exactly only in a fresh process. Returns the previous setting."""
-    from trio._core import _run
-
-    before = bool(getattr(_run, "_ALLOW_DETERMINISTIC_SCHEDULING", False))
-    setattr(_run, "_ALLOW_DETERMINISTIC_SCHEDULING", on)  # noqa: B010 - a Final constant
-    return before
-
-
 @attrs.define(eq=False)
 class _ForkObserver:
     history: History
@@ -346,13 +334,11 @@ def run_simulation(config: SimConfig, *, plugins: pluggy.PluginManager | None = 
     sim = _Simulation(config, pm)
     observer = _ForkObserver(sim.history)
     pm.register(observer)
-    before = _deterministic_scheduling(True)
     try:
-        seed_scheduler(config.seed)
-        clock = trio.testing.MockClock(autojump_threshold=0)
-        snapshot, brokers, duration = trio.run(sim.main, clock=clock)
+        with seed_scheduler(config.seed):
+            clock = trio.testing.MockClock(autojump_threshold=0)
+            snapshot, brokers, duration = trio.run(sim.main, clock=clock)
     finally:
-        _deterministic_scheduling(before)
         pm.unregister(observer)
     authors = {p: sim._identities[p].public_key for p in range(config.publishers)}
     result = check(
