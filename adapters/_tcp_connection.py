@@ -39,6 +39,8 @@ class Connection:
     finished: trio.Event = attrs.field(factory=trio.Event)
     answering: int = 0
     """Requests of the peer this node is still answering."""
+    send_timeout: float = 30.0
+    """How long one frame may take to leave; a peer that stops reading is cut off."""
     _send_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _pending: dict[int, ReplySlot] = attrs.field(factory=dict, init=False)
     _next_id: int = attrs.field(default=0, init=False)
@@ -54,11 +56,19 @@ class Connection:
         async with self._send_lock:
             if self.closed:
                 raise PeerUnreachable(f"connection to {self.peer.address} is closed")
+            # A frame is written whole or the connection is closed: a send
+            # cut short by the caller's cancellation would leave half a frame
+            # on a connection that other requests share.
             try:
-                await self.stream.send_all(data)
+                with trio.CancelScope(shield=True), trio.move_on_after(self.send_timeout) as scope:
+                    await self.stream.send_all(data)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                 self.close(f"send failed: {exc}")
                 raise PeerUnreachable(f"connection to {self.peer.address} broke") from None
+            if scope.cancelled_caught:
+                self.close(f"a frame took longer than {self.send_timeout} s to send")
+                raise PeerUnreachable(f"connection to {self.peer.address} stalled")
+        await trio.lowlevel.checkpoint_if_cancelled()
         return len(data)
 
     async def request(self, data: bytes) -> Reply:

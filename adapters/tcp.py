@@ -17,7 +17,8 @@ A malformed frame closes only its connection.
 A peer cannot hold a connection slot by saying nothing: connections still
 in the handshake count against ``max_connections`` and are closed when the
 handshake takes longer than ``handshake_timeout``; a frame whose first byte
-arrived must be complete within ``frame_timeout``; a connection with no
+arrived must be complete within ``frame_timeout`` (and a frame being sent
+must leave within it, else the connection is closed); a connection with no
 request outstanding in either direction and no frame for ``idle_timeout``
 is closed. Connections a peer dialed wait twice ``idle_timeout``, so the
 dialer, which alone starts requests on a connection, normally closes it
@@ -307,7 +308,7 @@ class TcpTransport:
                 await trio.aclose_forcefully(stream)
                 raise
             conn = Connection(stream, peer, decoder, outbound=True,
-                              last_used=trio.current_time())
+                              last_used=trio.current_time(), send_timeout=self.frame_timeout)
             self._counts["connections_dialed"] += 1
             self._open.add(conn)
             self._dialed[address] = conn
@@ -466,7 +467,7 @@ class TcpTransport:
                 self._counts["connections_refused"] += 1
                 return
             conn = Connection(stream, peer, decoder, outbound=False,
-                              last_used=trio.current_time())
+                              last_used=trio.current_time(), send_timeout=self.frame_timeout)
             self._open.add(conn)
             await self._run_connection(conn)
         finally:

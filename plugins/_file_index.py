@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from hashlib import sha256
 
 import attrs
+
 from ketten.errors import StoreCorrupted
 
 from . import _file_format as fmt

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
+
 from ketten import Event, hookimpl
 from ketten.errors import ConfigError, UsageError
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
+
 from ketten import hookimpl
 from ketten._codec import MAX_UINT, dumps, head_size, loads
 from ketten.errors import ConfigError, DecodeError, UsageError

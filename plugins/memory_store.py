@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
+
 from ketten import Event, hookimpl
 from ketten.errors import ConfigError, StoreConflict, StoreError
 

@@ -29,7 +29,7 @@ from .errors import (
     ProtocolError,
     UsageError,
 )
-from .interfaces import Clock, Overlay, Peer, Store, Transport
+from .interfaces import Clock, Overlay, Peer, Reply, Store, Transport
 
 __all__ = ["Node", "NodeStatistics", "open_node"]
 
@@ -160,28 +160,47 @@ class Node:
         self._message_services[name] = handler
 
     async def call(self, address: str, service: str, body: Any, *,
-                   timeout: float | None = None) -> Any:
+                   timeout: float | None = None, retransmit: bool = False) -> Any:
         """Send a request to ``service`` at ``address`` and return the reply body.
+
+        With ``retransmit`` the request is sent again when no reply has come
+        after 1/8 of ``timeout``, then every 1/4 of it: a lost request or
+        reply then costs a fraction of the timeout instead of all of it. Only
+        for requests the peer may safely handle twice (reads, idempotent
+        offers).
 
         Raises :class:`~ketten.errors.PeerUnreachable` (refused, or no reply
         within ``timeout``, default ``config.request_timeout``),
         :class:`~ketten.errors.RemoteError` (the peer answered with an error),
         :class:`~ketten.errors.DecodeError` (the reply is malformed).
         """
-        _, reply_body = await self.request(address, service, body, timeout=timeout)
+        _, reply_body = await self.request(address, service, body, timeout=timeout,
+                                           retransmit=retransmit)
         return reply_body
 
     async def request(self, address: str, service: str, body: Any, *,
-                      timeout: float | None = None) -> tuple[Peer, Any]:
+                      timeout: float | None = None,
+                      retransmit: bool = False) -> tuple[Peer, Any]:
         """Like :meth:`call`, and also return the authenticated peer that answered."""
         limit = self.config.request_timeout if timeout is None else timeout
+        data = encode_message(service, body)
         with trio.move_on_after(limit):
-            reply = await self.transport.request(address, encode_message(service, body))
+            if retransmit:
+                reply = await self._request_with_retransmits(address, data, limit)
+            else:
+                reply = await self.transport.request(address, data)
             name, reply_body = decode_message(reply.data)
             if name != service:
                 raise ProtocolError(f"{address} answered a {service!r} request as {name!r}")
             return reply.peer, reply_body
         raise PeerUnreachable(f"no reply from {address} within {limit} s")
+
+    async def _request_with_retransmits(self, address: str, data: bytes, limit: float) -> Reply:
+        wait = limit / 8
+        while True:
+            with trio.move_on_after(wait):
+                return await self.transport.request(address, data)
+            wait = min(wait * 2, limit / 4)
 
     async def notify(self, address: str, service: str, body: Any) -> None:
         """Send a one-way message to ``service`` at ``address`` (it may be lost)."""

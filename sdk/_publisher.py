@@ -219,7 +219,9 @@ class Publisher:
                 if self.replicator.is_self(peer):
                     reply = await self.broker.serve(peer, body)
                 else:
-                    reply = await node.call(peer.address, "publish", body, timeout=timeout)
+                    # Offers are idempotent: a broker answers a repeat from its chain.
+                    reply = await node.call(peer.address, "publish", body, timeout=timeout,
+                                            retransmit=True)
         except KettenError:
             return
         if reply is None:

@@ -287,7 +287,9 @@ class Replicator:
     async def _ask(self, peer: Peer, service: str, body: Any, timeout: float) -> Any:
         """The peer's reply, or ``None`` if it did not answer usefully."""
         try:
-            return await self.node.call(peer.address, service, body, timeout=timeout)
+            # Sync requests are reads: repeating one that got lost is safe.
+            return await self.node.call(peer.address, service, body, timeout=timeout,
+                                        retransmit=True)
         except KettenError:
             self._counts["peer_failures"] += 1
             return None

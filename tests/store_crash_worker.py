@@ -10,6 +10,7 @@ import random
 import sys
 
 import trio
+
 from ketten import Event, Identity, criterion_key
 from ketten.interfaces import Store
 from ketten.plugins.file_store import FileStore

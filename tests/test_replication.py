@@ -17,8 +17,7 @@ import trio
 
 import ketten
 import ketten.plugins.memory_store
-from ketten import Event, Identity, NodeConfig, criterion_key, hookimpl, open_node
-from ketten import Agent
+from ketten import Agent, Event, Identity, NodeConfig, criterion_key, hookimpl, open_node
 from ketten._node import Node
 from ketten.adapters.memory import Faults, MemoryNetwork
 from ketten.errors import (

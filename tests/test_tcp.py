@@ -428,3 +428,19 @@ async def test_stalled_frames_and_idle_peers_are_closed_busy_ones_kept() -> None
             assert (await friend.call(node.address, "echo", 4))["body"] == 4
             assert friend.transport.statistics().connections_dialed == 2
         assert node.transport.statistics().malformed_frames == 0
+
+
+async def test_cancelled_requests_leave_the_shared_connection_whole() -> None:
+    # Requests cancelled at every stage, big frames among them, share one
+    # connection with requests that must keep getting exact answers.
+    async with tcp_node() as a, tcp_node() as b:
+        echo_services(b, [])
+        big = bytes(range(256)) * (12 * 1024)  # 3 MiB
+        for wait in (0.0, 0.0005, 0.002, 0.01):
+            with trio.move_on_after(wait):
+                await a.call(b.address, "echo", big)
+            assert await a.call(b.address, "echo", "after") == {
+                "from": a.identity.public_key, "body": "after"}
+        answer = await a.call(b.address, "echo", big[:1000], retransmit=True)
+        assert answer["body"] == big[:1000]
+        assert a.transport.statistics().connections_dialed == 1
