@@ -1,21 +1,14 @@
-"""Shared fixtures for the ketten test suite."""
+"""Shared fixtures for the ketten test suite: the ones ketten ships for plugin authors."""
 
 from __future__ import annotations
 
 import pluggy
 import pytest
-import trio.testing
 
-import ketten
+pytest_plugins = ["ketten.testing.fixtures"]
 
 
 @pytest.fixture(scope="session")
-def plugins() -> pluggy.PluginManager:
+def plugins(ketten_plugins: pluggy.PluginManager) -> pluggy.PluginManager:
     """One plugin manager (entry-point discovery is slow) shared by every test."""
-    return ketten.plugin_manager()
-
-
-@pytest.fixture
-def autojump_clock() -> trio.testing.MockClock:
-    """Virtual time: sleeping jumps the clock as soon as every task is blocked."""
-    return trio.testing.MockClock(autojump_threshold=0)
+    return ketten_plugins
