@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from hashlib import sha256
 
 import attrs
+
 from ketten.errors import StoreCorrupted, StoreError
 
 from . import _file_format as fmt
@@ -20,8 +21,8 @@ from ._file_index import ChainIndex, Index, Loc, Segment, replay
 from ._store_records import event_prefix, uint_bytes
 
 __all__ = [
-    "MainSlice", "SegmentFiles", "load_index", "read_main", "read_one", "read_orphans",
-    "snapshot",
+    "MainSlice", "SegmentFiles", "load_index", "read_main", "read_main_unchecked", "read_one",
+    "read_orphans", "snapshot",
 ]
 
 _CHUNK = 4 << 20
@@ -110,6 +111,19 @@ def read_main(
             raise _damaged(files, criterion, seq, loc, "the record does not match its index entry")
         yield seq, digest, raw, loc
         prev = digest
+        seq += 1
+
+
+def read_main_unchecked(
+    files: SegmentFiles, criterion: bytes, part: MainSlice
+) -> Iterator[tuple[int, bytes]]:
+    """``(seq, raw)`` of a slice of the main chain without the per-record hash and
+    position checks (the caller proves the hash links); frame checksums are still checked."""
+    seq = part.start
+    for (loc, raw), digest in zip(files.bodies(part.locs), part.hashes):
+        if digest is None:
+            raise _damaged(files, criterion, seq, loc, "the record is damaged")
+        yield seq, raw
         seq += 1
 
 

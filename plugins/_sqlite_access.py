@@ -17,10 +17,13 @@ from ketten.errors import DecodeError, StoreCorrupted
 
 from ._store_records import event_prefix, find_in_files, uint_bytes
 
-__all__ = ["MAX_SEQ", "damaged", "decode_checked", "iter_main", "iter_orphans"]
+__all__ = [
+    "MAX_SEQ", "damaged", "decode_checked", "iter_main", "iter_main_unchecked", "iter_orphans",
+]
 
 MAX_SEQ = 2**63 - 1
 _HEAD = b"\x8b\x01\x58\x20"
+_FETCH_ROWS = 512
 
 
 def damaged(db_path: str, criterion: bytes, seq: int, raw: bytes, why: str) -> StoreCorrupted:
@@ -99,6 +102,27 @@ def iter_main(
             expected = seq + 1
     finally:
         rows.close()  # ends the statement's read snapshot
+
+
+def iter_main_unchecked(
+    conn: sqlite3.Connection, criterion: bytes, start: int, stop: int | None
+) -> sqlite3.Cursor:
+    """A cursor over ``(seq, raw)`` of the main chain in ``[start, stop)`` as stored.
+
+    No per-row checks: for callers that prove every hash link themselves.
+    One SELECT statement, so one consistent snapshot until the cursor is
+    closed; a value of the wrong type reads as bytes that fail to decode,
+    never as another Python type. Fetch with ``fetchmany()``.
+    """
+    start = max(start, 0)
+    stop = MAX_SEQ if stop is None else max(stop, start)
+    rows = conn.execute(
+        "SELECT seq, ifnull(CAST(raw AS BLOB), x'') FROM events"
+        " WHERE criterion = ? AND orphan IS NULL AND seq >= ? AND seq < ? ORDER BY seq",
+        (criterion, start, stop),
+    )
+    rows.arraysize = _FETCH_ROWS
+    return rows
 
 
 def iter_orphans(

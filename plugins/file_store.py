@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import trio
+
 from ketten import Event, hookimpl
 from ketten.errors import (
     ConfigError,
@@ -44,7 +45,15 @@ from ketten.errors import (
 
 from . import _file_format as fmt
 from ._file_index import Index, Loc
-from ._file_read import SegmentFiles, load_index, read_main, read_one, read_orphans, snapshot
+from ._file_read import (
+    SegmentFiles,
+    load_index,
+    read_main,
+    read_main_unchecked,
+    read_one,
+    read_orphans,
+    snapshot,
+)
 from ._store_records import DirLock, atomic_write, fsync_dir, store_path
 
 if TYPE_CHECKING:
@@ -537,13 +546,22 @@ class FileReader:
         return out
 
     def read_encoded(
-        self, criterion: bytes, start: int = 0, stop: int | None = None
+        self, criterion: bytes, start: int = 0, stop: int | None = None, *, check: bool = True
     ) -> Iterator[tuple[int, bytes]]:
-        """``(seq, canonical bytes)`` of the main chain, ``start <= seq < stop``, checked."""
+        """``(seq, canonical bytes)`` of the main chain, ``start <= seq < stop``.
+
+        With ``check``, every record is proven against its indexed hash and
+        chain position; without, only frame checksums are checked (the caller
+        proves the hash links). Raises :class:`~ketten.errors.StoreCorrupted`.
+        """
         chain = self._index.chains.get(criterion)
         if chain is None:
             return
-        for seq, _, raw, _ in read_main(self._fls(), criterion, snapshot(chain, start, stop)):
+        part = snapshot(chain, start, stop)
+        if not check:
+            yield from read_main_unchecked(self._fls(), criterion, part)
+            return
+        for seq, _, raw, _ in read_main(self._fls(), criterion, part):
             yield seq, raw
 
     def orphans_encoded(self, criterion: bytes) -> Iterator[bytes]:

@@ -26,14 +26,22 @@ import os
 import sqlite3
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from itertools import chain
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 import trio
+
 from ketten import Event, hookimpl
 from ketten.errors import ConfigError, StoreConflict, StoreError, StoreFormatError
 
-from ._sqlite_access import MAX_SEQ, decode_checked, iter_main, iter_orphans
+from ._sqlite_access import (
+    MAX_SEQ,
+    decode_checked,
+    iter_main,
+    iter_main_unchecked,
+    iter_orphans,
+)
 from ._sqlite_schema import DB_NAME, check_existing, corrupted, migrate, owns_directory
 from ._store_records import DirLock, store_path
 
@@ -583,9 +591,22 @@ class SqliteReader:
         })
 
     def read_encoded(
-        self, criterion: bytes, start: int = 0, stop: int | None = None
+        self, criterion: bytes, start: int = 0, stop: int | None = None, *, check: bool = True
     ) -> Iterator[tuple[int, bytes]]:
-        """``(seq, canonical bytes)`` of the main chain, ``start <= seq < stop``, checked."""
+        """``(seq, canonical bytes)`` of the main chain, ``start <= seq < stop``.
+
+        With ``check``, every row is proven against its stored hash and chain
+        position; without, rows are returned as stored (the caller proves the
+        hash links). Either way one consistent snapshot is read. Raises
+        :class:`~ketten.errors.StoreCorrupted`.
+        """
+        if check:
+            return self._read_checked(criterion, start, stop)
+        return chain.from_iterable(self._read_unchecked(criterion, start, stop))
+
+    def _read_checked(
+        self, criterion: bytes, start: int, stop: int | None
+    ) -> Iterator[tuple[int, bytes]]:
         rows = iter_main(self._c(), self._db_path, criterion, start, stop)
         while True:
             try:
@@ -595,6 +616,19 @@ class SqliteReader:
             except sqlite3.DatabaseError as exc:
                 raise corrupted(self._db_path, exc) from None
             yield seq, raw
+
+    def _read_unchecked(
+        self, criterion: bytes, start: int, stop: int | None
+    ) -> Iterator[list[tuple[int, bytes]]]:
+        """The rows in batches (flattened by the caller in C, not row by row here)."""
+        rows = self._guard(lambda: iter_main_unchecked(self._c(), criterion, start, stop))
+        try:
+            while batch := rows.fetchmany():
+                yield batch
+        except sqlite3.DatabaseError as exc:
+            raise corrupted(self._db_path, exc) from None
+        finally:
+            rows.close()  # ends the statement's read snapshot
 
     def orphans_encoded(self, criterion: bytes) -> Iterator[bytes]:
         """Canonical bytes of the orphans of a chain, oldest first, checked."""

@@ -11,7 +11,7 @@ import pytest
 from ketten import Event, Identity, NodeConfig, Verify, criterion_key, open_node, plugin_manager
 from ketten._chain import scan_encoded_chain
 from ketten.adapters.memory import MemoryNetwork
-from ketten.errors import ConfigError, StoreCorrupted, StoreError, StoreFormatError
+from ketten.errors import BrokenLink, ConfigError, StoreCorrupted, StoreError, StoreFormatError
 from ketten.interfaces import Store, StoreReader
 from ketten.plugins.file_store import FileReader, FileStore
 from ketten.plugins.sqlite_store import SqliteReader, SqliteStore
@@ -405,3 +405,65 @@ async def test_file_missing_segment_and_damaged_cursor_are_detected(tmp_path: Pa
     segments[1].unlink()
     with pytest.raises(StoreCorrupted, match="missing"):
         await FileStore(path=str(path)).open()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_unchecked_read_is_a_snapshot_and_links_still_catch_damage(
+    kind: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "s"
+    events = chain(40)
+    other = chain(4, OTHER)
+    store = make(kind, path)
+    await store.open()
+    try:
+        await store.append(events[:30] + other)
+        fork = chain(3, CRIT, after=events[24])
+        await store.replace_from(CRIT, 25, fork)
+        main = events[:25] + fork
+        expected = [(e.seq, e.to_bytes()) for e in main]
+        rd = reader(kind, path)
+        try:
+            assert list(rd.read_encoded(CRIT, check=False)) == expected
+            assert list(rd.read_encoded(CRIT, 10, 13, check=False)) == expected[10:13]
+            assert list(rd.read_encoded(CRIT, 27, 100, check=False)) == expected[27:]
+            assert list(rd.read_encoded(CRIT, 28, check=False)) == []
+            assert list(rd.read_encoded(CRIT, 5, 5, check=False)) == []
+            assert list(rd.read_encoded(criterion_key("none"), check=False)) == []
+            # A read under way keeps its snapshot while the node appends.
+            running = rd.read_encoded(CRIT, check=False)
+            assert next(running) == expected[0]
+            later = chain(2, CRIT, after=fork[-1])
+            await store.append(later)
+            assert [expected[0], *running] == expected
+            main += later
+        finally:
+            rd.close()
+    finally:
+        await store.aclose()
+
+    target = data_file(kind, path)
+    marker = b"payload-000012-"
+    at = target.read_bytes().find(marker)
+    assert at > 0
+    flip(target, at + len(marker) + 5)
+    rd = reader(kind, path)
+    try:
+        with pytest.raises(StoreCorrupted) as info:
+            list(rd.read_encoded(CRIT))
+        assert info.value.path == str(target)
+        if kind == "file":
+            # Frame checksums are checked on every read.
+            with pytest.raises(StoreCorrupted) as info:
+                list(rd.read_encoded(CRIT, check=False))
+            assert info.value.path == str(target)
+        else:
+            assert info.value.seq == 12
+            # Unchecked rows come as stored; the damaged one breaks the next link.
+            raws = [raw for _, raw in rd.read_encoded(CRIT, check=False)]
+            assert len(raws) == 30 and raws[12] != main[12].to_bytes()
+            assert raws[:12] + raws[13:] == [e.to_bytes() for e in main[:12] + main[13:]]
+            with pytest.raises(BrokenLink, match="seq 13 does not link"):
+                list(scan_encoded_chain(raws, verify=Verify.LINKS))
+    finally:
+        rd.close()

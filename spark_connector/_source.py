@@ -1,0 +1,217 @@
+"""The ``ketten`` PySpark data source: batch and streaming readers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from ketten.errors import UsageError
+
+from ._options import ReadOptions
+from ._peers import sync_peers, with_peer_directory
+from ._plan import (
+    Pushdown,
+    Slice,
+    advance_offsets,
+    batch_slices,
+    pack,
+    push_filters,
+    stream_slices,
+    survey,
+)
+from ._reconcile import ChainView
+from ._scan import read_slices
+from ._schema import spark_schema
+from ._stores import open_readers
+
+__all__ = ["KettenDataSource", "KettenPartition", "KettenPushdownDataSource"]
+
+
+class KettenPartition(InputPartition):
+    """The slices one Spark task reads."""
+
+    def __init__(self, slices: tuple[Slice, ...]) -> None:
+        super().__init__(slices)
+
+    @property
+    def slices(self) -> tuple[Slice, ...]:
+        value: tuple[Slice, ...] = self.value
+        return value
+
+
+def _partitions(slices: Sequence[Slice], options: ReadOptions) -> list[KettenPartition]:
+    return [KettenPartition(p) for p in pack(slices, options.max_events_per_partition)]
+
+
+_NO_PUSHDOWN = Pushdown()
+
+
+def _survey(options: ReadOptions, pushdown: Pushdown = _NO_PUSHDOWN) -> dict[bytes, ChainView]:
+    with open_readers(options.store_paths()) as readers:
+        return survey(readers, options.keys, pushdown)
+
+
+def _heights(views: Mapping[bytes, ChainView]) -> dict[str, int]:
+    return {key.hex(): views[key].height for key in sorted(views)}
+
+
+class KettenDataSource(DataSource):
+    """``spark.read.format("ketten")``: replicated ketten chains as rows.
+
+    See :mod:`ketten.spark` for the options and columns.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "ketten"
+
+    def _resolved(self) -> ReadOptions:
+        """Parsed options with every source checked (and live peers synced)."""
+        resolved: ReadOptions | None = getattr(self, "_ketten_options", None)
+        if resolved is None:
+            resolved = ReadOptions.parse(self.options)
+            if resolved.peers:
+                resolved = with_peer_directory(resolved)
+                sync_peers(resolved)
+            with open_readers(resolved.store_paths()):
+                pass
+            self._ketten_options = resolved
+        return resolved
+
+    def schema(self) -> StructType:
+        """The columns; parses and checks the options, so bad ones fail at ``load()``."""
+        return spark_schema(orphans=self._resolved().include_orphans)
+
+    def _check_schema(self, schema: StructType, options: ReadOptions) -> None:
+        expected = spark_schema(orphans=options.include_orphans)
+        if schema != expected:
+            raise UsageError(
+                "the ketten source has a fixed schema; do not pass one. Expected: "
+                + expected.simpleString()
+            )
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        options = self._resolved()
+        self._check_schema(schema, options)
+        return KettenReader(options)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        options = self._resolved()
+        options.check_streaming()
+        self._check_schema(schema, options)
+        return KettenStreamReader(options)
+
+
+class KettenPushdownDataSource(KettenDataSource):
+    """:class:`KettenDataSource` whose batch reader takes pushed-down filters.
+
+    Spark refuses a reader that implements ``pushFilters`` unless
+    ``spark.sql.python.filterPushdown.enabled`` is true, so
+    :func:`ketten.spark.register` picks this variant only then.
+    """
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        options = self._resolved()
+        self._check_schema(schema, options)
+        return KettenPushdownReader(options)
+
+
+class KettenReader(DataSourceReader):
+    """Batch reads: one partition per chain or chain range, small chains grouped."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self._options = options
+        self._pushdown = Pushdown()
+
+    def partitions(self) -> Sequence[InputPartition]:
+        views = _survey(self._options, self._pushdown)
+        slices = batch_slices(views, self._options, self._pushdown)
+        return _partitions(slices, self._options) or [KettenPartition(())]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, KettenPartition)
+        return read_slices(partition.slices, self._options)
+
+
+class KettenPushdownReader(KettenReader):
+    """:class:`KettenReader` that applies filters on ``criterion`` and ``seq`` itself."""
+
+    def pushFilters(self, filters: list[Any]) -> Any:
+        self._pushdown, rejected = push_filters(filters)
+        return rejected
+
+
+def _offsets(value: Any, where: str) -> dict[str, int]:
+    if not isinstance(value, dict):
+        raise UsageError(f"{where}: a ketten offset is a JSON object, got {value!r:.80}")
+    for key, height in value.items():
+        if not (isinstance(key, str) and len(key) == 64 and type(height) is int and height >= 0):
+            raise UsageError(f"{where}: bad entry {key!r}: {height!r} in a ketten offset")
+    return value
+
+
+class KettenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Streaming reads; an offset is ``{criterion hex: height}`` with sorted keys."""
+
+    def __init__(self, options: ReadOptions) -> None:
+        self._options = options
+        self._target: dict[str, int] | None = None
+
+    def _now(self) -> dict[str, int]:
+        sync_peers(self._options)
+        return _heights(_survey(self._options))
+
+    def _available(self) -> dict[str, int]:
+        now = self._now()
+        if self._target is None:
+            return now
+        return {k: min(now.get(k, 0), h) for k, h in self._target.items()}
+
+    def initialOffset(self) -> dict[str, int]:
+        now = self._now()
+        if self._options.starting_offsets == "latest":
+            return now
+        return {k: self._options.starting_seq for k in now}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self._options.max_events_per_trigger
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+        rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        return advance_offsets(
+            _offsets(start, "start offset"), self._available(), rows, self._options.starting_seq
+        )
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._now()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin = _offsets(start, "start offset")
+        finish = _offsets(end, "end offset")
+        if begin == finish:
+            return []
+        slices = stream_slices(_survey(self._options), begin, finish, self._options)
+        return _partitions(slices, self._options)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, KettenPartition)
+        return read_slices(partition.slices, self._options)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: the stores are read, never consumed."""

@@ -1,0 +1,186 @@
+"""Planning logic of the Spark source (no JVM): options, pushdown, offsets, reconciliation,
+and reading live peers over real TCP."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import pytest
+import trio
+
+import ketten
+from ketten import Event, Identity, NodeConfig, criterion_key, open_node
+from ketten._chain import scan_encoded_chain
+from ketten._event import decode_fields
+from ketten.errors import DecodeError, PeerUnreachable, UsageError
+
+datasource = pytest.importorskip("pyspark.sql.datasource")
+
+from ketten.spark._arrow import build_batch, run_batch  # noqa: E402
+from ketten.spark._decode import decode_run  # noqa: E402
+from ketten.spark._options import ReadOptions  # noqa: E402
+from ketten.spark._plan import advance_offsets, push_filters  # noqa: E402
+from ketten.spark._reconcile import reconcile  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+
+def test_options_are_case_insensitive_and_checked() -> None:
+    options = ReadOptions.parse({"PATHS": '["/a", "/b"]', "Criteria": "x,y", "VERIFY": "Full",
+                                 "startingSeq": "2", "endingseq": "9"})
+    assert options.paths == ("/a", "/b")
+    assert options.keys == {criterion_key("x"), criterion_key("y")}
+    assert (options.verify, options.starting_seq, options.ending_seq) == (
+        ketten.Verify.FULL, 2, 9)
+    for bad in ({}, {"path": "/a", "verify": "some"}, {"path": "/a", "keys": "abc"},
+                {"path": "/a", "startingSeq": "5", "endingSeq": "4"}, {"path": "/a", "pth": "x"},
+                {"peers": "127.0.0.1:1"}):
+        with pytest.raises(UsageError):
+            ReadOptions.parse(bad)
+
+
+def test_pushdown_keeps_only_what_it_applies_exactly() -> None:
+    d = datasource
+    key = "ab" * 32
+    filters = [d.EqualTo(("criterion",), key), d.GreaterThanOrEqual(("seq",), 3),
+               d.LessThan(("seq",), 10), d.LessThanOrEqual(("seq",), 7),
+               d.IsNotNull(("seq",)), d.EqualTo(("author",), key),
+               d.In(("seq",), (1, 2)), d.GreaterThan(("seq",), 2.5)]
+    pushed, rejected = push_filters(filters)
+    assert (pushed.criteria, pushed.seq_lo, pushed.seq_hi) == (frozenset({key}), 3, 8)
+    assert rejected == [filters[5], filters[6], filters[7]]
+    pushed, _ = push_filters([d.In(("criterion",), ("a", "b")), d.EqualTo(("criterion",), "c"),
+                              d.LessThan(("seq",), -4)])
+    assert (pushed.criteria, pushed.seq_hi) == (frozenset(), 0)
+
+
+def test_trigger_limit_is_shared_in_proportion_and_never_goes_back() -> None:
+    start = {"a": 2, "b": 0}
+    available = {"a": 8, "b": 3, "c": 1}
+    assert advance_offsets(start, available, None, 0) == {"a": 8, "b": 3, "c": 1}
+    end = advance_offsets(start, available, 5, 0)
+    assert list(end) == ["a", "b", "c"] and sum(end[k] - start.get(k, 0) for k in end) == 5
+    assert end["a"] - 2 >= end["b"] >= 1
+    assert advance_offsets({"a": 9}, {"a": 4}, 3, 0) == {"a": 9}
+
+
+def test_reconcile_prefers_the_branch_most_replicas_hold() -> None:
+    def h(branch: str, seq: int) -> bytes:
+        # Branch y forks off branch x after seq 2.
+        return hashlib.sha256(f"{'x' if seq < 3 else branch}{seq}".encode()).digest()
+
+    # The longest chain is on a branch only one replica holds.
+    chains = {"long": ("y", 9), "a": ("x", 6), "b": ("x", 4), "c": ("x", 6)}
+    heads = {p: (seq, h(b, seq)) for p, (b, seq) in chains.items()}
+
+    def hash_at(path: str, seq: int) -> bytes | None:
+        branch, height = chains[path]
+        return h(branch, seq) if seq <= height else None
+
+    view = reconcile(b"k" * 32, heads, hash_at)
+    assert (view.source, view.height, view.diverged) == ("a", 7, ("long",))
+    assert set(view.replicas) == set(chains)
+
+
+def test_peers_are_copied_over_tcp_and_read(tmp_path: object) -> None:
+    from ketten.spark._source import KettenDataSource
+
+    ready = threading.Event()
+    box: dict[str, object] = {}
+
+    async def serve() -> None:
+        config = NodeConfig(transport="tcp", store="sqlite",
+                            options={"store": {"path": f"{tmp_path}/peer"}})
+        async with open_node(config) as node:
+            for i in range(5):
+                await node.append_local(criterion_key("live"), f"e{i}".encode())
+            stop = trio.Event()
+            box.update(address=node.address, stop=stop, token=trio.lowlevel.current_trio_token())
+            ready.set()
+            await stop.wait()
+
+    thread = threading.Thread(target=trio.run, args=(serve,))
+    thread.start()
+    try:
+        assert ready.wait(30)
+        source = KettenDataSource({"peers": str(box["address"]), "criteria": "live",
+                                   "peerDirectory": f"{tmp_path}/copies"})
+        reader = source.reader(source.schema())
+        rows = [r for p in reader.partitions() for b in reader.read(p) for r in b.to_pylist()]
+        assert [(r["seq"], r["payload"], r["replicas"]) for r in rows] == [
+            (i, f"e{i}".encode(), 1) for i in range(5)]
+    finally:
+        if ready.is_set():
+            stop = box["stop"]
+            assert isinstance(stop, trio.Event)
+            trio.from_thread.run_sync(stop.set, trio_token=box["token"])  # type: ignore[arg-type]
+        thread.join()
+    with pytest.raises(PeerUnreachable, match=r"peer 127\.0\.0\.1:1"):
+        KettenDataSource({"peers": "127.0.0.1:1", "criteria": "live",
+                          "peerTimeout": "2"}).schema()
+
+
+def _events(shapes: list[tuple[int | None, bytes, int, bytes]]) -> list[Event]:
+    """A chain whose events have the given (command, clock, time, payload)."""
+    author = Identity.from_seed(b"\x05" * 32)
+    events: list[Event] = []
+    for seq, (command, clock, time, payload) in enumerate(shapes):
+        events.append(Event.create(
+            author, criterion=criterion_key("shapes"), seq=seq,
+            prev=events[-1].hash if events else None, payload=payload, time=time,
+            command=command, clock=clock,
+        ))
+    return events
+
+
+def test_column_decoding_equals_event_decoding() -> None:
+    sizes = [0, 1, 12, 13, 23, 24, 255, 256, 70_000]
+    shapes = [
+        (None if i % 4 == 0 else [0, 23, 24, 255, 256, 65_535, 65_536, 2**32, 2**63 - 1][i % 9],
+         bytes([i]) * sizes[(i + 3) % len(sizes)],
+         [0, 23, 24, 2**32 - 1, 2**32, 2**63 - 1][i % 6],
+         bytes([255 - i]) * sizes[i % len(sizes)])
+        for i in range(40)
+    ]
+    events = _events(shapes)
+    raws = [e.to_bytes() for e in events]
+    key = events[0].criterion
+    for first in (0, 1, 17):
+        run = decode_run(raws[first:], max_size=1 << 20, check_links=True, criterion=key,
+                         link=events[first - 1].hash if first else None, first_seq=first)
+        assert run is not None
+        batch = run_batch(key.hex(), run, 2)
+        scanned = list(scan_encoded_chain(raws[first:], criterion=key, first_seq=first,
+                                          prev_hash=events[first - 1].hash if first else None))
+        expected = build_batch(key.hex(), [f for _, _, f in scanned],  # type: ignore[misc]
+                               [d for _, d, _ in scanned], 2)
+        assert batch.equals(expected)
+        assert batch.column("payload").to_pylist() == [e.payload for e in events[first:]]
+    # Wrong links, seqs or criterion, and any non-canonical or damaged encoding,
+    # are left to event-by-event decoding (which names the error).
+    other = criterion_key("other")
+    assert decode_run(raws[1:], max_size=1 << 20, check_links=True, criterion=key,
+                      link=events[1].hash, first_seq=1) is None
+    assert decode_run(raws[1:], max_size=1 << 20, check_links=True, criterion=key,
+                      link=events[0].hash, first_seq=2) is None
+    assert decode_run(raws, max_size=1 << 20, check_links=True, criterion=other,
+                      link=None, first_seq=0) is None
+    assert decode_run(raws, max_size=1 << 20, check_links=False, criterion=other,
+                      link=None, first_seq=0) is not None
+    assert decode_run(raws, max_size=1000, check_links=False, criterion=key,
+                      link=None, first_seq=0) is None
+    small = raws[2]
+    command_at = 4 + 32 + 1 + 34 + 34
+    assert small[command_at] == 0x18  # command 24 in its shortest form
+    wide = small[:command_at] + b"\x19\x00\x18" + small[command_at + 2:]
+    truncated, extended = small[:-1], small + b"\x00"
+    writers = Event.create(Identity.from_seed(b"\x05" * 32), criterion=key, seq=0, prev=None,
+                           payload=b"", time=0, writers=[b"\x01" * 32]).to_bytes()
+    for bad in (wide, truncated, extended, small[:40], b"\xa0" * 200):
+        with pytest.raises(DecodeError):
+            decode_fields(bad)
+    decode_fields(writers)  # valid, but not the common shape
+    for unusual in (wide, truncated, extended, small[:40], b"\xa0" * 200, writers):
+        assert decode_run([raws[1], unusual], max_size=1 << 20, check_links=False,
+                          criterion=key, link=None, first_seq=1) is None
