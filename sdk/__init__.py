@@ -27,6 +27,12 @@ from ._event import DEFAULT_MAX_EVENT_SIZE, Event
 from ._identity import Identity, criterion_key, node_id_of, verify_signature
 from ._node import Node, NodeStatistics, open_node
 from ._plugins import installed_names, plugin_manager
+from ._subscriptions import (
+    BrokerSubscriptionStatistics,
+    DurableSubscription,
+    Subscription,
+    SubscriptionStatistics,
+)
 from ._sync import ReplicationStatistics
 from .errors import (
     BrokenLink,
@@ -60,10 +66,12 @@ __all__ = [
     "Agent",
     "AncestorSearch",
     "BrokenLink",
+    "BrokerSubscriptionStatistics",
     "Chain",
     "CommandIdReused",
     "ConfigError",
     "DecodeError",
+    "DurableSubscription",
     "Event",
     "Fork",
     "HoldbackFull",
@@ -86,6 +94,8 @@ __all__ = [
     "StoreCorrupted",
     "StoreError",
     "StoreFormatError",
+    "Subscription",
+    "SubscriptionStatistics",
     "Unavailable",
     "UsageError",
     "Verify",

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time as _time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import attrs
@@ -18,6 +18,14 @@ from ._event import Event
 from ._identity import Identity, criterion_key
 from ._plugins import make_plugin, plugin_manager
 from ._publisher import ConflictHandler, Publisher
+from ._subscriptions import (
+    BrokerSubscriptionStatistics,
+    DurableSubscription,
+    Subscription,
+    SubscriptionService,
+    open_durable,
+    open_subscription,
+)
 from ._sync import ReplicationStatistics, Replicator
 from ._wire import decode_message, encode_message, field
 from .errors import (
@@ -73,6 +81,7 @@ class Node:
     _counts: dict[str, int] = attrs.field(init=False)
     _replicator: Replicator = attrs.field(init=False)
     _publisher: Publisher = attrs.field(init=False)
+    _subscriptions: SubscriptionService = attrs.field(init=False)
     _time: Callable[[], int] | None = attrs.field(default=None, init=False)
     _heads: dict[bytes, Event] = attrs.field(factory=dict, init=False)
 
@@ -98,6 +107,7 @@ class Node:
         self._replicator = Replicator(self, interval=float(interval))
         broker = Broker(self, self._replicator)
         self._publisher = Publisher(self, self._replicator, broker)
+        self._subscriptions = SubscriptionService.build(self, self._replicator)
 
     # -- components --------------------------------------------------------
 
@@ -196,11 +206,27 @@ class Node:
         raise PeerUnreachable(f"no reply from {address} within {limit} s")
 
     async def _request_with_retransmits(self, address: str, data: bytes, limit: float) -> Reply:
-        wait = limit / 8
-        while True:
-            with trio.move_on_after(wait):
-                return await self.transport.request(address, data)
-            wait = min(wait * 2, limit / 4)
+        # Earlier copies stay outstanding: a reply that is merely slow (longer
+        # than the retransmission interval) still counts, whichever copy it answers.
+        replies: list[Reply] = []
+        failures: list[KettenError] = []
+        async with trio.open_nursery() as nursery:
+
+            async def attempt() -> None:
+                try:
+                    replies.append(await self.transport.request(address, data))
+                except KettenError as exc:  # refused, or the peer answered with an error
+                    failures.append(exc)
+                nursery.cancel_scope.cancel()
+
+            wait = limit / 8
+            while True:
+                nursery.start_soon(attempt)
+                await trio.sleep(wait)
+                wait = min(wait * 2, limit / 4)
+        if replies:
+            return replies[0]
+        raise failures[0]
 
     async def notify(self, address: str, service: str, body: Any) -> None:
         """Send a one-way message to ``service`` at ``address`` (it may be lost)."""
@@ -263,6 +289,7 @@ class Node:
             self._heads[events[-1].criterion] = events[-1]
         for event in events:
             self.plugins.hook.ketten_event_appended(node=self, event=event)
+        self._subscriptions.appended(events)
 
     async def head(self, criterion: bytes) -> Event | None:
         """The head of the local chain; from memory when this node wrote it last."""
@@ -414,6 +441,69 @@ class Node:
     async def orphans(self, criterion: bytes | str) -> list[Event]:
         """Events of ``criterion`` that lost a fork here, oldest first."""
         return await self.store.orphans(self._key(criterion))
+
+    # -- subscriptions -----------------------------------------------------
+
+    def subscribe(
+        self,
+        criteria: str | bytes | Sequence[str | bytes],
+        *,
+        delivery: str | None = None,
+        start: int | str | Mapping[str | bytes, int] = 0,
+        options: Mapping[str, Any] | None = None,
+    ) -> AbstractAsyncContextManager[Subscription]:
+        """Push subscription: ``async with node.subscribe(c) as sub: async for event in sub:``.
+
+        ``criteria`` are names or 32-byte keys. The brokers of each criterion
+        keep a lease for the subscription (renewed every ``check`` seconds of
+        the ``subscriptions`` options) and notify it of every event they
+        append; a lost notification is made up by the gap it leaves or by the
+        next renewal, which reports the brokers' heads. Every event is verified
+        as a synced one and handed to the application once a majority of its
+        brokers hold it, through the delivery plugin ``delivery`` (default
+        ``config.delivery``; e.g. ``"causal"``), built with ``options`` plus
+        ``criteria`` and ``start``. ``start`` is the first seq (default 0: the
+        whole chain, then live events), a ``{criterion: seq}`` map, or
+        ``"head"`` (only events appended after subscribing). Leaving the block
+        drops the leases.
+
+        Raises :class:`~ketten.errors.UsageError` for bad criteria or start,
+        :class:`~ketten.errors.PluginNotFound` / :class:`~ketten.errors.ConfigError`
+        for the delivery plugin, :class:`~ketten.errors.QuorumUnavailable`
+        (``start="head"`` only) when a majority of brokers is unreachable;
+        iterating raises :class:`~ketten.errors.HoldbackFull` when the delivery
+        plugin's queue is at its bound and nothing can be delivered.
+        """
+        return open_subscription(self, self._subscriptions, criteria, delivery=delivery,
+                                 start=start, options=options)
+
+    async def durable_subscription(
+        self,
+        name: str,
+        criteria: str | bytes | Sequence[str | bytes],
+        *,
+        delivery: str | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> DurableSubscription:
+        """Open (or resume) the durable subscription ``name`` of this node.
+
+        ``await sub.get()`` returns each event of ``criteria`` exactly once,
+        across restarts of this node and of the brokers: see
+        :class:`~ketten.DurableSubscription` for what *delivered* means. A
+        subscription that was unsubscribed starts afresh.
+
+        Raises :class:`~ketten.errors.UsageError` for a bad name or criteria,
+        or criteria other than those the subscription was created with;
+        :class:`~ketten.errors.StoreCorrupted` if its stored cursor is damaged;
+        :class:`~ketten.errors.PluginNotFound` / :class:`~ketten.errors.ConfigError`
+        for the delivery plugin.
+        """
+        return await open_durable(self, self._subscriptions, name, criteria,
+                                  delivery=delivery, options=options)
+
+    def subscription_statistics(self) -> BrokerSubscriptionStatistics:
+        """A frozen snapshot of the broker side of subscriptions (subscriber lists)."""
+        return self._subscriptions.statistics()
 
     # -- local chains ------------------------------------------------------
 
@@ -608,6 +698,7 @@ async def open_node(
             if node._overlay is not None:
                 await nursery.start(node._overlay.run)
             await nursery.start(node._replicator.run)
+            await nursery.start(node._subscriptions.run)
             pm.hook.ketten_node_started(node=node)
             started = True
             try:

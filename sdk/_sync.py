@@ -336,9 +336,12 @@ class Replicator:
         """
         replicas = await self.replicas(criterion)
         peers = self.others(replicas)
+        # The lock also holds off this node's answers to publishes of the
+        # criterion, so a peer that does not answer must not keep it long:
+        # a quarter of the request timeout per round, with retransmissions.
         async with self.node._lock(criterion):
             answered = await self.sync_locked(
-                criterion, peers, timeout=self.node.config.request_timeout
+                criterion, peers, timeout=self.node.config.request_timeout / 4
             )
         reached = answered + (len(replicas) - len(peers))
         need = majority(self.node.config.replication)

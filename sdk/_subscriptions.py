@@ -1,0 +1,964 @@
+"""Push and durable subscriptions: the trio drivers.
+
+Broker side (:class:`SubscriptionService`, one per node): the subscriber
+list of each criterion this node brokers is a :class:`~ketten._leases.LeaseTable`
+kept in the store (cursor ``ketten/subscriptions``), spread to the other
+brokers of the criterion by a periodic anti-entropy push and notified with a
+one-way message whenever this node appends an event of the criterion.
+
+Subscriber side (:class:`Feed`, one per subscription): subscriptions are
+leases the subscriber renews at every broker of each criterion; the reply
+carries the broker's head, so renewal doubles as the periodic head check.
+Notified events are verified and stored like synced ones (an event that does
+not extend the local head means a gap: the feed syncs). An event is handed to
+the delivery plugin only once a majority of the criterion's brokers reported
+holding it (by a notification or a head), so nothing a subscriber received
+can later be rolled back by fork resolution.
+
+Wire (bodies are CBOR maps):
+
+* ``sub`` ``{op: "lease", s: sid, c: [criterion], v: version, t: ttl ms, live: bool}``
+  -> ``{h: [head pair per criterion]}``; the lease names the authenticated
+  sender and its address.
+* ``sub`` ``{op: "merge", m: {criterion: [lease]}}`` -> ``{}`` (broker to broker).
+* one-way ``subev`` ``{s: sid, c: criterion, e: event bytes}`` (broker to subscriber).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import trio
+
+from ._event import Event
+from ._identity import criterion_key
+from ._leases import MAX_TTL_MS, SID_SIZE, CursorState, Lease, LeaseTable, Reports, confirmed_seq
+from ._plugins import make_plugin
+from ._replication import majority
+from ._sync import Replicator, decode_pair, encode_pair
+from ._wire import field
+from .errors import (
+    ConfigError,
+    DecodeError,
+    HoldbackFull,
+    InternalError,
+    InvalidEvent,
+    KettenError,
+    ProtocolError,
+    StoreCorrupted,
+    StoreError,
+    UsageError,
+)
+from .interfaces import Peer
+
+if TYPE_CHECKING:
+    from ._node import Node
+
+__all__ = [
+    "BrokerSubscriptionStatistics",
+    "DurableSubscription",
+    "Feed",
+    "Subscription",
+    "SubscriptionService",
+    "SubscriptionStatistics",
+    "open_durable",
+    "open_subscription",
+]
+
+_SERVICE = "sub"
+_NOTIFY = "subev"
+_TABLE_CURSOR = "ketten/subscriptions"
+_DURABLE_CURSOR = "ketten/durable/"
+_MAX_CRITERIA = 1024
+_MERGE_CHUNK = 256
+_PAGE = 512
+_INBOX = 4096
+_OUTBOX = 4096
+
+Pair = tuple[int, bytes]
+
+
+def parse_criteria(criteria: Any) -> tuple[bytes, ...]:
+    """Criterion names or 32-byte keys -> distinct keys. Raises :class:`UsageError`."""
+    if isinstance(criteria, str | bytes):
+        criteria = [criteria]
+    try:
+        items = list(criteria)
+    except TypeError:
+        raise UsageError("criteria must be names (str) or 32-byte keys, or a list of them") from None
+    keys: list[bytes] = []
+    for item in items:
+        if isinstance(item, str):
+            if not item:
+                raise UsageError("a criterion name must not be empty")
+            keys.append(criterion_key(item))
+        elif type(item) is bytes and len(item) == 32:
+            keys.append(item)
+        else:
+            raise UsageError(f"a criterion must be a name (str) or a 32-byte key, got {item!r:.40}")
+    if not keys:
+        raise UsageError("subscribe to at least one criterion")
+    if len(keys) > _MAX_CRITERIA:
+        raise UsageError(f"at most {_MAX_CRITERIA} criteria per subscription")
+    if len(set(keys)) != len(keys):
+        raise UsageError("a criterion is listed twice")
+    return tuple(keys)
+
+
+def _seconds(options: Mapping[str, Any], name: str, default: float) -> float:
+    value = options.get(name, default)
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"subscriptions option {name!r} must be a positive number of "
+                          f"seconds, got {value!r}")
+    return float(value)
+
+
+@attrs.frozen
+class BrokerSubscriptionStatistics:
+    """Counters of the broker side of subscriptions on one node."""
+
+    leases: int
+    """Entries in the subscriber lists (live leases and tombstones)."""
+    criteria: int
+    notifications_sent: int
+    notifications_dropped: int
+    """Appended events not notified because the outbox was full (subscribers catch up
+    by their head checks)."""
+    leases_refused: int
+    merges_sent: int
+    table_writes: int
+
+
+@attrs.frozen
+class SubscriptionStatistics:
+    """Counters of one subscription (see :meth:`Subscription.statistics`).
+
+    ``notified``: events received in notifications; ``stored``: of those, the
+    ones that extended the local chain; ``gaps``: syncs started because a
+    notification or a head was ahead of the local chain; ``sync_failures``;
+    ``head_checks``: renewal rounds (each carries the brokers' heads);
+    ``invalid``: notified events that failed verification; ``delivered``:
+    events handed to the application; ``holdback_full``: offers refused by the
+    delivery plugin's bound; ``delivery``: the plugin's own statistics.
+    """
+
+    notified: int
+    stored: int
+    gaps: int
+    sync_failures: int
+    head_checks: int
+    invalid: int
+    delivered: int
+    holdback_full: int
+    delivery: Any
+
+
+@attrs.frozen
+class _Note:
+    """Something the feed learned: a notified event, a broker's head, or "look again"."""
+
+    criterion: bytes
+    broker: bytes | None = None
+    event: Event | None = None
+    head: Pair | None = None
+    empty: bool = False
+
+
+@attrs.define(eq=False)
+class SubscriptionService:
+    """The broker side (subscriber lists, notifications) and the dispatch to local feeds."""
+
+    node: Node
+    replicator: Replicator
+    ttl: float = 30.0
+    check: float = 10.0
+    interval: float = 2.0
+    max_leases: int = 1 << 16
+    _table: LeaseTable = attrs.field(init=False)
+    _feeds: dict[bytes, Feed] = attrs.field(factory=dict, init=False)
+    _by_key: dict[bytes, dict[bytes, Feed]] = attrs.field(factory=dict, init=False)
+    _out_send: trio.MemorySendChannel[Event] = attrs.field(init=False)
+    _out_recv: trio.MemoryReceiveChannel[Event] = attrs.field(init=False)
+    _dirty: bool = attrs.field(default=False, init=False)
+    _write_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    _counts: dict[str, int] = attrs.field(init=False)
+
+    @classmethod
+    def build(cls, node: Node, replicator: Replicator) -> SubscriptionService:
+        """Read the ``subscriptions`` options: ``ttl`` (lease seconds, default 30),
+        ``check`` (renewal and head check period, default ``ttl / 3``),
+        ``interval`` (lease anti-entropy period, default the replication one),
+        ``max_leases``. Raises :class:`~ketten.errors.ConfigError`."""
+        options = node.config.options_for("subscriptions")
+        unknown = set(options) - {"ttl", "check", "interval", "max_leases"}
+        if unknown:
+            raise ConfigError(f"unknown subscriptions options: {', '.join(sorted(unknown))}")
+        ttl = _seconds(options, "ttl", 30.0)
+        if ttl * 1000 > MAX_TTL_MS:
+            raise ConfigError(f"subscriptions option 'ttl' must be at most {MAX_TTL_MS // 1000} s")
+        check = _seconds(options, "check", ttl / 3)
+        interval = _seconds(options, "interval", replicator.interval)
+        max_leases = options.get("max_leases", 1 << 16)
+        if type(max_leases) is not int or max_leases < 1:
+            raise ConfigError("subscriptions option 'max_leases' must be a positive int")
+        return cls(node, replicator, ttl=ttl, check=check, interval=interval,
+                   max_leases=max_leases)
+
+    def __attrs_post_init__(self) -> None:
+        self._table = LeaseTable(max_leases=self.max_leases)
+        self._out_send, self._out_recv = trio.open_memory_channel[Event](_OUTBOX)
+        self._counts = dict.fromkeys(
+            ("notifications_sent", "notifications_dropped", "merges_sent", "table_writes"), 0)
+        self.node.register_service(_SERVICE, self._serve)
+        self.node.register_message_service(_NOTIFY, self._take_notification)
+
+    def statistics(self) -> BrokerSubscriptionStatistics:
+        return BrokerSubscriptionStatistics(
+            leases=len(self._table), criteria=len(self._table.criteria()),
+            leases_refused=self._table.refused, **self._counts)
+
+    def live_leases(self, criterion: bytes) -> list[Lease]:
+        """The subscribers this node would notify about ``criterion`` now."""
+        return self._table.live(criterion, self.node.now_ms())
+
+    def entries(self, criterion: bytes) -> list[Lease]:
+        return self._table.entries(criterion)
+
+    # -- local feeds -------------------------------------------------------
+
+    def attach(self, feed: Feed) -> None:
+        if feed.sid in self._feeds:
+            raise UsageError("this subscription is already open on this node")
+        self._feeds[feed.sid] = feed
+        for key in feed.keys:
+            self._by_key.setdefault(key, {})[feed.sid] = feed
+
+    def detach(self, feed: Feed) -> None:
+        if self._feeds.get(feed.sid) is feed:
+            del self._feeds[feed.sid]
+        for key in feed.keys:
+            feeds = self._by_key.get(key)
+            if feeds is not None and feeds.get(feed.sid) is feed:
+                del feeds[feed.sid]
+                if not feeds:
+                    del self._by_key[key]
+
+    def appended(self, events: Sequence[Event]) -> None:
+        """Called by the node for events just written: wake local feeds, queue notifications."""
+        now = self.node.now_ms()
+        seen: set[bytes] = set()
+        for event in events:
+            key = event.criterion
+            if key not in seen:
+                seen.add(key)
+                for feed in self._by_key.get(key, {}).values():
+                    feed.push(_Note(key))
+            if self._table.live(key, now):
+                try:
+                    self._out_send.send_nowait(event)
+                except trio.WouldBlock:
+                    self._counts["notifications_dropped"] += 1
+
+    async def _take_notification(self, peer: Peer, body: Any) -> None:
+        sid = field(body, "s", bytes, where=_NOTIFY)
+        key = field(body, "c", bytes, where=_NOTIFY)
+        raw = field(body, "e", bytes, where=_NOTIFY)
+        feed = self._feeds.get(sid)
+        if feed is None or key not in feed.keys:
+            return
+        event = Event.from_bytes(raw, max_size=self.node.config.max_event_size)
+        if event.criterion != key:
+            raise ProtocolError("a notification held an event of another criterion")
+        feed.push(_Note(key, peer.node_id, event=event))
+
+    # -- broker side -------------------------------------------------------
+
+    async def _brokers(self, key: bytes) -> list[Peer]:
+        return await self.replicator.replicas(key)
+
+    async def _is_broker(self, key: bytes) -> bool:
+        return any(self.replicator.is_self(p) for p in await self._brokers(key))
+
+    async def _serve(self, peer: Peer, body: Any) -> Any:
+        op = field(body, "op", str, where=_SERVICE)
+        if op == "lease":
+            return await self._serve_lease(peer, body)
+        if op == "merge":
+            return await self._serve_merge(peer, body)
+        raise ProtocolError(f"unknown subscription operation {op!r}")
+
+    async def _serve_lease(self, peer: Peer, body: Any) -> Any:
+        sid = field(body, "s", bytes, where="lease")
+        keys = field(body, "c", list, where="lease")
+        version = field(body, "v", int, where="lease")
+        ttl = field(body, "t", int, where="lease")
+        live = field(body, "live", bool, where="lease")
+        if len(sid) != SID_SIZE or len(keys) > _MAX_CRITERIA or not 0 < ttl <= MAX_TTL_MS:
+            raise DecodeError("bad sid, criteria or lease time", where="lease")
+        if not 0 <= version < 1 << 63:
+            raise DecodeError("bad lease version", where="lease")
+        now = self.node.now_ms()
+        lease = Lease(sid, peer.public_key, peer.address, version, now + ttl, live)
+        heads: list[Any] = []
+        for key in keys:
+            if type(key) is not bytes or len(key) != 32:
+                raise DecodeError("criteria must be 32-byte keys", where="lease")
+        await self.put_leases([(key, lease) for key in keys if await self._is_broker(key)])
+        for key in keys:
+            heads.append(encode_pair(await self.node.store.head(key)))
+        return {"h": heads}
+
+    async def put_leases(self, leases: Sequence[tuple[bytes, Lease]]) -> None:
+        """Merge leases; a new subscription (or a drop) is durable before this returns."""
+        now = self.node.now_ms()
+        urgent = False
+        for key, lease in leases:
+            change = self._table.put(key, lease, now)
+            if change is not None:
+                self._dirty = True
+                urgent = urgent or change == "new"
+        if urgent:
+            await self._flush()
+
+    async def _serve_merge(self, peer: Peer, body: Any) -> Any:
+        table = field(body, "m", dict, where="merge")
+        if len(table) > _MERGE_CHUNK:
+            raise DecodeError(f"at most {_MERGE_CHUNK} criteria per merge", where="merge")
+        now = self.node.now_ms()
+        accepted: list[tuple[bytes, Lease]] = []
+        for key, raw in table.items():
+            if type(key) is not bytes or len(key) != 32 or type(raw) is not list:
+                raise DecodeError("expected {32-byte criterion: [lease]}", where="merge")
+            brokers = await self._brokers(key)
+            if not any(p.public_key == peer.public_key for p in brokers):
+                continue
+            if not any(self.replicator.is_self(p) for p in brokers):
+                continue
+            for value in raw[: self.max_leases]:
+                lease = Lease.decode(value, where="merge")
+                if lease.expires > now + MAX_TTL_MS:
+                    lease = attrs.evolve(lease, expires=now + MAX_TTL_MS)
+                accepted.append((key, lease))
+        await self.put_leases(accepted)
+        return {}
+
+    async def _flush(self) -> None:
+        async with self._write_lock:
+            if not self._dirty:
+                return
+            self._dirty = False
+            try:
+                with trio.CancelScope(shield=True):
+                    await self.node.store.put_cursor(_TABLE_CURSOR, self._table.encode())
+                    self._counts["table_writes"] += 1
+            except BaseException:
+                self._dirty = True
+                raise
+
+    async def _load(self) -> None:
+        data = await self.node.store.get_cursor(_TABLE_CURSOR)
+        if data is None:
+            return
+        try:
+            stored = LeaseTable.decode(data, max_leases=self.max_leases)
+        except DecodeError:
+            # Leases are soft state that subscribers renew: start afresh rather than refuse.
+            return
+        now = self.node.now_ms()
+        for key in stored.criteria():
+            self._table.merge(key, stored.entries(key), now)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Load the subscriber lists, then notify, expire and spread them until cancelled."""
+        await self._load()
+        rng = self.replicator.rng
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._notifier)
+            task_status.started()
+            while True:
+                await trio.sleep(self.interval * (0.5 + rng.random()))
+                with trio.move_on_after(self.interval * 10):
+                    await self.maintain()
+
+    async def maintain(self) -> None:
+        """One round: forget expired leases, persist changes, push lists to co-brokers."""
+        if self._table.expire(self.node.now_ms()):
+            self._dirty = True
+        if self._dirty:
+            await self._flush()
+        per_peer: dict[str, tuple[Peer, dict[bytes, list[Any]]]] = {}
+        for key in self._table.criteria():
+            brokers = await self._brokers(key)
+            if not any(self.replicator.is_self(p) for p in brokers):
+                continue
+            entries = [lease.encode() for lease in self._table.entries(key)]
+            for peer in self.replicator.others(brokers):
+                per_peer.setdefault(peer.address, (peer, {}))[1][key] = entries
+        timeout = self.node.config.request_timeout
+
+        async def push(peer: Peer, lists: dict[bytes, list[Any]]) -> None:
+            keys = sorted(lists)
+            for start in range(0, len(keys), _MERGE_CHUNK):
+                chunk = {k: lists[k] for k in keys[start:start + _MERGE_CHUNK]}
+                self._counts["merges_sent"] += 1
+                try:
+                    await self.node.call(peer.address, _SERVICE, {"op": "merge", "m": chunk},
+                                         timeout=timeout)
+                except KettenError:
+                    return
+
+        async with trio.open_nursery() as nursery:
+            for address in sorted(per_peer):
+                nursery.start_soon(push, *per_peer[address])
+
+    async def _notifier(self) -> None:
+        node = self.node
+        own = node.identity.public_key
+        timeout = node.config.request_timeout
+
+        async def send(lease: Lease, body: Any) -> None:
+            with trio.move_on_after(timeout):
+                try:
+                    await node.notify(lease.address, _NOTIFY, {**body, "s": lease.sid})
+                    self._counts["notifications_sent"] += 1
+                except KettenError:
+                    pass
+
+        async for event in self._out_recv:
+            leases = [lease for lease in self._table.live(event.criterion, node.now_ms())
+                      if lease.subscriber != own]
+            if not leases:
+                continue
+            body = {"c": event.criterion, "e": event.to_bytes()}
+            async with trio.open_nursery() as nursery:
+                for lease in leases:
+                    nursery.start_soon(send, lease, body)
+
+
+@attrs.define(eq=False)
+class Feed:
+    """One subscription's receiving end: notes in, verified confirmed events out."""
+
+    node: Node
+    service: SubscriptionService
+    keys: tuple[bytes, ...]
+    sid: bytes
+    delivery: Any
+    start: Mapping[bytes, int]
+    _send: trio.MemorySendChannel[_Note] = attrs.field(init=False)
+    _recv: trio.MemoryReceiveChannel[_Note] = attrs.field(init=False)
+    _reports: Reports = attrs.field(factory=Reports, init=False)
+    _offered: dict[bytes, int] = attrs.field(init=False)
+    _look: dict[bytes, None] = attrs.field(init=False)
+    _sync: dict[bytes, None] = attrs.field(factory=dict, init=False)
+    _ready: deque[Event] = attrs.field(factory=deque, init=False)
+    _blocked: HoldbackFull | None = attrs.field(default=None, init=False)
+    _version: int = attrs.field(default=0, init=False)
+    _causal: bool = attrs.field(default=False, init=False)
+    _counts: dict[str, int] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._send, self._recv = trio.open_memory_channel[_Note](_INBOX)
+        self._offered = {key: self.start.get(key, 0) for key in self.keys}
+        self._look = dict.fromkeys(self.keys)
+        self._causal = callable(getattr(self.delivery, "note_head", None)) and len(self.keys) > 1
+        self._counts = dict.fromkeys(
+            ("notified", "stored", "gaps", "sync_failures", "head_checks", "invalid",
+             "delivered", "holdback_full"), 0)
+
+    def statistics(self) -> SubscriptionStatistics:
+        stats = getattr(self.delivery, "statistics", None)
+        return SubscriptionStatistics(delivery=stats() if callable(stats) else None,
+                                      **self._counts)
+
+    def push(self, note: _Note) -> None:
+        try:
+            self._send.send_nowait(note)
+        except trio.WouldBlock:
+            # Nothing is lost: every criterion is looked at again on the next pass.
+            self._look.update(dict.fromkeys(self.keys))
+
+    def pop(self) -> Event:
+        event = self._ready.popleft()
+        self._counts["delivered"] += 1
+        return event
+
+    def push_back(self, event: Event) -> None:
+        self._ready.appendleft(event)
+        self._counts["delivered"] -= 1
+
+    @property
+    def _need(self) -> int:
+        return majority(self.node.config.replication) if self.node.overlay is not None else 1
+
+    # -- leases and heads --------------------------------------------------
+
+    async def renew(self, *, live: bool = True) -> None:
+        """Renew (or drop) the lease at every broker; the replies report their heads."""
+        node = self.node
+        replicator = self.service.replicator
+        self._version = max(node.now_ms(), self._version + 1)
+        ttl = int(self.service.ttl * 1000)
+        per_peer: dict[str, tuple[Peer, list[bytes]]] = {}
+        local: list[bytes] = []
+        for key in self.keys:
+            for peer in await replicator.replicas(key):
+                if replicator.is_self(peer):
+                    local.append(key)
+                else:
+                    per_peer.setdefault(peer.address, (peer, []))[1].append(key)
+        self._counts["head_checks"] += 1
+        if local:
+            own = Lease(self.sid, node.identity.public_key, node.address, self._version,
+                        node.now_ms() + ttl, live)
+            await self.service.put_leases([(key, own) for key in local])
+            for key in local:
+                self.push(_Note(key))
+        body = {"op": "lease", "s": self.sid, "v": self._version, "t": ttl, "live": live}
+
+        async def one(peer: Peer, keys: list[bytes]) -> None:
+            try:
+                reply = await node.call(peer.address, _SERVICE, {**body, "c": keys})
+                heads = field(reply, "h", list, where="lease reply")
+                if len(heads) != len(keys):
+                    raise DecodeError("one head per criterion expected", where="lease reply")
+                pairs = [decode_pair(h, where="lease reply") for h in heads]
+            except KettenError:
+                return
+            for key, pair in zip(keys, pairs, strict=True):
+                self.push(_Note(key, peer.node_id, head=pair, empty=pair is None))
+
+        async with trio.open_nursery() as nursery:
+            for address in sorted(per_peer):
+                nursery.start_soon(one, *per_peer[address])
+
+    async def maintain(self, *, task_status: trio.TaskStatus[trio.CancelScope]
+                       = trio.TASK_STATUS_IGNORED) -> None:
+        """Renew the leases every ``check`` seconds (jittered) until cancelled."""
+        rng = self.service.replicator.rng
+        with trio.CancelScope() as scope:
+            task_status.started(scope)
+            while True:
+                with trio.move_on_after(self.service.check * 3):
+                    await self.renew()
+                await trio.sleep(self.service.check * (0.75 + 0.5 * rng.random()))
+
+    # -- the pump ----------------------------------------------------------
+
+    async def fill(self) -> None:
+        """Wait until an event is ready for the application.
+
+        Raises :class:`~ketten.errors.HoldbackFull` when nothing can be
+        delivered because the delivery plugin's queue is at its bound.
+        """
+        while not self._ready:
+            await self._drain()
+            await self._pass()
+            if self._ready:
+                return
+            if self._blocked is not None:
+                raise self._blocked
+            await self._take(await self._recv.receive())
+
+    async def _drain(self) -> None:
+        while True:
+            try:
+                note = self._recv.receive_nowait()
+            except trio.WouldBlock:
+                return
+            await self._take(note)
+
+    async def _take(self, note: _Note) -> None:
+        key = note.criterion
+        self._look[key] = None
+        event = note.event
+        if event is not None:
+            self._counts["notified"] += 1
+            head = await self.node.store.head(key)
+            extends = (event.seq == 0 and head is None) or (
+                head is not None and event.seq == head.seq + 1 and event.prev == head.hash)
+            if extends:
+                try:
+                    self._counts["stored"] += await self.node.store_events([event])
+                except InvalidEvent:
+                    self._counts["invalid"] += 1
+                    return
+                except StoreError:
+                    self._sync[key] = None
+            elif head is None or event.seq > head.seq:
+                self._sync[key] = None
+            if note.broker is not None:
+                self._reports.note(key, note.broker, event.seq, event.hash)
+        elif note.broker is not None:
+            if note.head is not None:
+                self._reports.note(key, note.broker, *note.head)
+            elif note.empty:
+                self._reports.note(key, note.broker, -1, b"")
+
+    async def _pass(self) -> None:
+        self._blocked = None
+        keys = [k for k in self.keys if k in self._look]
+        fresh = False
+        while True:
+            self._look.clear()
+            behind = False
+            for key in keys:
+                behind = await self._advance(key, offer=fresh or not self._causal) or behind
+            if not behind or fresh:
+                return
+            # Causal order needs current heads of every criterion before it
+            # releases anything: an event may depend on one not yet notified.
+            fresh = True
+            await self.renew()
+            await self._drain()
+            keys = list(self.keys)
+
+    async def _sync_now(self, key: bytes) -> None:
+        self._counts["gaps"] += 1
+        try:
+            await self.service.replicator.sync(key, quorum=False)
+        except KettenError:
+            self._counts["sync_failures"] += 1
+
+    async def _held(self, key: bytes) -> tuple[list[int], int | None, list[bytes]]:
+        """Per broker, the seq up to which it holds our chain; the highest head any broker
+        reported; the brokers whose report is ahead of or off our chain."""
+        store = self.node.store
+        replicator = self.service.replicator
+        head = await store.head(key)
+        top = head.seq if head is not None else -1
+        held: list[int] = []
+        seen: int | None = None
+        off: list[bytes] = []
+        reports = self._reports.of(key)
+        for peer in await replicator.replicas(key):
+            if replicator.is_self(peer):
+                held.append(top)
+                seen = max(seen if seen is not None else -1, top)
+                continue
+            report = reports.get(peer.node_id)
+            if report is None:
+                continue
+            seq, event_hash = report
+            seen = max(seen if seen is not None else -1, seq)
+            if seq < 0:
+                held.append(-1)
+                continue
+            if seq > top:
+                off.append(peer.node_id)
+                continue
+            found = await store.range(key, seq, seq + 1)
+            if found and found[0].hash == event_hash:
+                held.append(seq)
+            else:
+                off.append(peer.node_id)
+        return held, seen, off
+
+    async def _advance(self, key: bytes, *, offer: bool) -> bool:
+        """Catch up on ``key`` and offer what a majority holds; True if there was
+        something new to offer that ``offer=False`` kept back."""
+        synced = False
+        if key in self._sync:
+            del self._sync[key]
+            await self._sync_now(key)
+            synced = True
+        held, seen, off = await self._held(key)
+        if off and not synced:
+            await self._sync_now(key)
+            held, seen, off = await self._held(key)
+        # Reports still ahead of or off our chain after a sync are stale or from
+        # a losing branch: forget them; the next head check renews them.
+        for broker in off:
+            self._reports.drop(key, broker)
+        confirmed = confirmed_seq(held, self._need)
+        nxt = self._offered[key]
+        if confirmed is not None and confirmed >= nxt and not offer:
+            return True
+        out: list[Event] = []
+        if confirmed is not None and confirmed >= nxt:
+            out.extend(await self._offer_range(key, nxt, confirmed))
+        if self._causal and seen is not None:
+            mark = max(seen, confirmed if confirmed is not None else -1)
+            try:
+                out.extend(self.delivery.note_head(key, None if mark < 0 else mark))
+            except HoldbackFull as exc:
+                self._blocked = exc
+                self._counts["holdback_full"] += 1
+        elif confirmed is not None and callable(getattr(self.delivery, "note_head", None)):
+            out.extend(self.delivery.note_head(key, None if confirmed < 0 else confirmed))
+        self._emit(out)
+        return False
+
+    async def _offer_range(self, key: bytes, start: int, stop: int) -> list[Event]:
+        out: list[Event] = []
+        seq = start
+        while seq <= stop:
+            page = await self.node.store.range(key, seq, min(stop + 1, seq + _PAGE))
+            if not page:
+                break
+            for event in page:
+                try:
+                    out.extend(self.delivery.offer(event))
+                except HoldbackFull as exc:
+                    self._blocked = exc
+                    self._counts["holdback_full"] += 1
+                    return out
+                seq = self._offered[key] = event.seq + 1
+        return out
+
+    def _emit(self, events: list[Event]) -> None:
+        for event in events:
+            self.node.observe_clock(event)
+        self._ready.extend(events)
+
+
+def _make_feed(node: Node, service: SubscriptionService, keys: tuple[bytes, ...], sid: bytes,
+               delivery: str | None, start: Mapping[bytes, int],
+               options: Mapping[str, Any] | None) -> Feed:
+    name = delivery if delivery is not None else node.config.delivery
+    if not isinstance(name, str) or not name:
+        raise UsageError("delivery must be a delivery plugin name")
+    plugin_options = {**(options or {}), "criteria": keys, "start": dict(start)}
+    made = make_plugin(node.plugins, "delivery", name, plugin_options, node)
+    return Feed(node, service, keys, sid, made, start)
+
+
+@attrs.define(eq=False)
+class Subscription:
+    """A push subscription; iterate it inside ``async with node.subscribe(...)``.
+
+    Events of each criterion arrive in chain order, each once, in the order
+    of the subscription's delivery plugin across criteria.
+    """
+
+    _feed: Feed
+
+    @property
+    def criteria(self) -> tuple[bytes, ...]:
+        return self._feed.keys
+
+    def statistics(self) -> SubscriptionStatistics:
+        return self._feed.statistics()
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Event:
+        """The next event. Raises :class:`~ketten.errors.HoldbackFull` when the
+        delivery plugin's queue is full and nothing can be delivered."""
+        await self._feed.fill()
+        return self._feed.pop()
+
+
+async def _start_positions(node: Node, keys: tuple[bytes, ...],
+                           start: int | str | Mapping[Any, int]) -> dict[bytes, int]:
+    if start == "head":
+        positions: dict[bytes, int] = {}
+        for key in keys:
+            head = await node.sync(key)
+            positions[key] = head.seq + 1 if head is not None else 0
+        return positions
+    if type(start) is int and start >= 0:
+        return dict.fromkeys(keys, start)
+    if isinstance(start, Mapping):
+        positions = dict.fromkeys(keys, 0)
+        for criterion, seq in start.items():
+            key = parse_criteria([criterion])[0]
+            if key not in positions:
+                raise UsageError("start names a criterion that is not subscribed")
+            if type(seq) is not int or seq < 0:
+                raise UsageError("start positions must be ints >= 0")
+            positions[key] = seq
+        return positions
+    raise UsageError("start must be a seq >= 0, a {criterion: seq} map or 'head'")
+
+
+@asynccontextmanager
+async def open_subscription(
+    node: Node, service: SubscriptionService, criteria: Any, *, delivery: str | None,
+    start: int | str | Mapping[Any, int], options: Mapping[str, Any] | None,
+) -> AsyncIterator[Subscription]:
+    """See :meth:`ketten.Node.subscribe`."""
+    keys = parse_criteria(criteria)
+    nursery = node.nursery
+    positions = await _start_positions(node, keys, start)
+    sid = service.replicator.rng.randbytes(SID_SIZE)
+    feed = _make_feed(node, service, keys, sid, delivery, positions, options)
+    service.attach(feed)
+    scope: trio.CancelScope | None = None
+    try:
+        scope = await nursery.start(feed.maintain)
+        yield Subscription(feed)
+    finally:
+        if scope is not None:
+            scope.cancel()
+        service.detach(feed)
+        with trio.CancelScope(shield=True), trio.move_on_after(node.config.request_timeout):
+            await feed.renew(live=False)
+
+
+@attrs.define(eq=False)
+class DurableSubscription:
+    """A durable subscription: :meth:`get` returns each event exactly once.
+
+    *Delivered* means: the subscription's cursor in the node's store has
+    moved past the event. The cursor (per criterion, the next seq to
+    deliver, plus a delivery count and the hash of the latest delivery) is
+    written with one atomic, durable ``Store.put_cursor`` before :meth:`get`
+    returns the event. So an event is never returned by two calls of
+    :meth:`get`, across crashes and restarts of the subscriber and of the
+    brokers, and every event of the subscribed chains is returned once the
+    application keeps calling :meth:`get`. If the process dies after the
+    cursor was written but before the application acted on the event, the
+    event counts as delivered: side effects of :meth:`get` are at most once.
+    :meth:`next` moves the cursor only after the application's block has
+    finished, which makes processing at least once. Only events that a
+    majority of their brokers hold are delivered, so no delivered event is
+    ever rolled back by fork resolution.
+    """
+
+    node: Node
+    service: SubscriptionService
+    name: str
+    _feed: Feed
+    _state: CursorState
+    _scope: trio.CancelScope | None = None
+    _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    _closed: bool = attrs.field(default=False, init=False)
+
+    @property
+    def criteria(self) -> tuple[bytes, ...]:
+        return self._state.criteria
+
+    @property
+    def position(self) -> Mapping[bytes, int]:
+        """The next seq delivered per criterion (as stored)."""
+        return dict(self._state.next)
+
+    @property
+    def delivered(self) -> int:
+        """How many events this subscription delivered over its whole life."""
+        return self._state.delivered
+
+    def statistics(self) -> SubscriptionStatistics:
+        return self._feed.statistics()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise UsageError(f"durable subscription {self.name!r} is closed")
+
+    async def get(self) -> Event:
+        """The next event, recorded as delivered before it is returned.
+
+        Raises :class:`~ketten.errors.UsageError` after :meth:`unsubscribe`
+        or :meth:`aclose`, :class:`~ketten.errors.StoreError` if the cursor
+        could not be written (the event is then not delivered and comes
+        again), :class:`~ketten.errors.HoldbackFull` (see :class:`Subscription`).
+        """
+        async with self._lock:
+            self._check_open()
+            await self._feed.fill()
+            event = self._feed.pop()
+            try:
+                await self._commit(event)
+            except BaseException:
+                self._feed.push_back(event)
+                raise
+            return event
+
+    @asynccontextmanager
+    async def next(self) -> AsyncIterator[Event]:
+        """``async with sub.next() as event:`` - the cursor moves when the block exits
+        normally; if it raises (or the process dies), the event comes again.
+
+        Raises what :meth:`get` raises.
+        """
+        async with self._lock:
+            self._check_open()
+            await self._feed.fill()
+            event = self._feed.pop()
+            try:
+                yield event
+                await self._commit(event)
+            except BaseException:
+                self._feed.push_back(event)
+                raise
+
+    async def _commit(self, event: Event) -> None:
+        state = self._state
+        if state.next.get(event.criterion) != event.seq:
+            raise InternalError(
+                f"durable subscription {self.name!r} would deliver seq {event.seq} of criterion "
+                f"{event.criterion.hex()[:16]} out of order (expected "
+                f"{state.next.get(event.criterion)})")
+        advanced = state.advance(event.criterion, event.seq, event.hash)
+        with trio.CancelScope(shield=True):
+            await self.node.store.put_cursor(_DURABLE_CURSOR + self.name, advanced.encode())
+        self._state = advanced
+
+    async def aclose(self) -> None:
+        """Stop receiving here; the subscription stays (its cursor is kept, the
+        brokers keep it until its lease expires) and can be opened again."""
+        if self._scope is not None:
+            self._scope.cancel()
+            self._scope = None
+        self.service.detach(self._feed)
+        self._closed = True
+
+    async def unsubscribe(self) -> None:
+        """End the subscription: drop it at the brokers and mark the cursor closed.
+
+        Brokers that miss the drop learn it from the others, and forget the
+        subscriber when its lease expires in any case. Raises
+        :class:`~ketten.errors.StoreError` if the cursor could not be written.
+        """
+        async with self._lock:
+            await self.aclose()
+            with trio.move_on_after(self.node.config.request_timeout * 2):
+                await self._feed.renew(live=False)
+            closed = attrs.evolve(self._state, closed=True)
+            with trio.CancelScope(shield=True):
+                await self.node.store.put_cursor(_DURABLE_CURSOR + self.name, closed.encode())
+            self._state = closed
+
+
+async def open_durable(
+    node: Node, service: SubscriptionService, name: str, criteria: Any, *,
+    delivery: str | None, options: Mapping[str, Any] | None,
+) -> DurableSubscription:
+    """See :meth:`ketten.Node.durable_subscription`."""
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise UsageError("a durable subscription name must be a string of 1 to 200 characters")
+    keys = parse_criteria(criteria)
+    nursery = node.nursery
+    cursor = _DURABLE_CURSOR + name
+    stored = await node.store.get_cursor(cursor)
+    state: CursorState | None = None
+    if stored is not None:
+        try:
+            state = CursorState.decode(stored, where=f"cursor {cursor!r}")
+        except DecodeError as exc:
+            raise StoreCorrupted(f"durable subscription {name!r}: {exc}") from None
+        if state.closed:
+            state = None
+        elif set(state.criteria) != set(keys):
+            raise UsageError(f"durable subscription {name!r} exists with other criteria")
+    if state is None:
+        state = CursorState.fresh(keys)
+        await node.store.put_cursor(cursor, state.encode())
+    sid = hashlib.sha256(b"ketten-durable\0" + node.identity.public_key + name.encode()
+                         ).digest()[:SID_SIZE]
+    feed = _make_feed(node, service, state.criteria, sid, delivery, state.next, options)
+    service.attach(feed)
+    sub = DurableSubscription(node, service, name, feed, state)
+    try:
+        sub._scope = await nursery.start(feed.maintain)
+    except BaseException:
+        service.detach(feed)
+        raise
+    return sub

@@ -1,0 +1,285 @@
+"""Push and durable subscriptions on simulated clusters (memory network, virtual time)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pluggy
+import pytest
+import trio
+from test_replication import Cluster
+
+from ketten import Event, criterion_key
+from ketten._leases import CursorState, Lease, LeaseTable, confirmed_seq
+from ketten._node import Node
+from ketten.adapters.memory import Faults, MemoryNetwork
+from ketten.errors import DecodeError, KettenError, UsageError
+from ketten.testing import seed_scheduler
+
+
+@asynccontextmanager
+async def sub_cluster(plugins: pluggy.PluginManager, count: int, *, seed: int = 0,
+                      faults: Faults | None = None, clock: str | None = None,
+                      subscriptions: dict[str, Any] | None = None) -> AsyncIterator[Cluster]:
+    net = MemoryNetwork(seed=seed, faults=faults or Faults())
+    async with trio.open_nursery() as nursery:
+        c = Cluster(nursery, plugins, net, seed=seed)
+        for index in range(count):
+            base = c.config(index)
+            options = {**base.options, "subscriptions": subscriptions or {"ttl": 9.0}}
+            await c.start(index, options=options, clock=clock)
+        await trio.sleep(2.0)
+        yield c
+        nursery.cancel_scope.cancel()
+
+
+def two_criteria(c: Cluster) -> tuple[str, str, int]:
+    """Two criterion names and a node that brokers neither."""
+    for n in range(100):
+        x, y = f"x{n}", f"y{n}"
+        common = [i for i in c.others(criterion_key(x)) if i in c.others(criterion_key(y))]
+        if common:
+            return x, y, common[0]
+    raise AssertionError("no node outside both replica sets")
+
+
+def outsider(c: Cluster, key: bytes) -> int:
+    """A running node that is not a broker of ``key``."""
+    return c.others(key)[-1]
+
+
+async def publish(node: Node, key: bytes, payload: bytes, command: int) -> Event:
+    """Publish until acknowledged (same command id, so at most once in the chain)."""
+    while True:
+        try:
+            return await node.publish(key, payload, command=command, deadline=5.0)
+        except KettenError:
+            await trio.sleep(0.5)
+
+
+async def collect(sub: Any, count: int, into: list[Event]) -> None:
+    async for event in sub:
+        into.append(event)
+        if len(into) == count:
+            return
+
+
+# -- sans-IO parts -------------------------------------------------------------
+
+
+def lease(sid: bytes, version: int, expires: int, live: bool = True) -> Lease:
+    return Lease(sid, b"\1" * 32, "n:9", version, expires, live)
+
+
+def test_lease_table_is_last_writer_wins_and_expires() -> None:
+    key = criterion_key("t")
+    table = LeaseTable()
+    assert table.put(key, lease(b"a" * 16, 5, 100), now=0) == "new"
+    assert table.put(key, lease(b"a" * 16, 4, 200), now=0) is None
+    assert table.put(key, lease(b"a" * 16, 6, 200), now=0) == "renewed"
+    assert [x.expires for x in table.live(key, now=150)] == [200]
+    assert table.put(key, lease(b"a" * 16, 7, 300, live=False), now=0) == "new"
+    assert table.live(key, now=150) == [] and len(table) == 1
+    copy = LeaseTable.decode(table.encode())
+    assert copy.entries(key) == table.entries(key)
+    assert table.expire(now=300) and len(table) == 0 and table.criteria() == []
+    assert table.put(key, lease(b"b" * 16, 1, 10), now=10) is None
+
+
+def test_lease_table_merge_converges_in_any_order() -> None:
+    key = criterion_key("m")
+    updates = [lease(b"a" * 16, v, 1000 + v, live=v % 3 != 0) for v in range(1, 10)]
+    forward, backward = LeaseTable(), LeaseTable()
+    forward.merge(key, updates, now=0)
+    backward.merge(key, list(reversed(updates)), now=0)
+    assert forward.entries(key) == backward.entries(key) == [updates[-1]]
+
+
+def test_lease_table_bound_and_bad_bytes() -> None:
+    table = LeaseTable(max_leases=1)
+    key = criterion_key("b")
+    table.put(key, lease(b"a" * 16, 1, 10), now=0)
+    assert table.put(key, lease(b"b" * 16, 1, 10), now=0) is None and table.refused == 1
+    with pytest.raises(DecodeError):
+        LeaseTable.decode(b"\xa1\x41x\x80")
+    with pytest.raises(DecodeError):
+        Lease.decode([b"short", b"\1" * 32, "a", 1, 1, True], where="test")
+
+
+def test_confirmed_seq_needs_a_majority() -> None:
+    assert confirmed_seq([5, 3, 9], 2) == 5
+    assert confirmed_seq([5], 2) is None
+    assert confirmed_seq([-1, -1], 2) == -1
+
+
+def test_cursor_state_round_trip() -> None:
+    keys = [criterion_key("x"), criterion_key("y")]
+    state = CursorState.fresh(keys).advance(keys[1], 0, b"\7" * 32)
+    again = CursorState.decode(state.encode(), where="t")
+    assert again == state and again.next == {keys[0]: 0, keys[1]: 1} and again.delivered == 1
+    with pytest.raises(DecodeError):
+        CursorState.decode(b"\xa1\x61v\x02", where="t")
+
+
+# -- push subscriptions --------------------------------------------------------
+
+
+async def test_push_subscription_end_to_end_under_loss(plugins, autojump_clock) -> None:
+    with seed_scheduler(11):
+        faults = Faults(latency=0.005, jitter=0.005, loss=0.10, duplicate=0.05, reorder=0.1)
+        async with sub_cluster(plugins, 6, seed=11, faults=faults) as c:
+            key = criterion_key("push")
+            reader = c.nodes[outsider(c, key)]
+            got: list[Event] = []
+            async with reader.subscribe("push") as sub:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(collect, sub, 30, got)
+                    for n in range(30):
+                        await publish(c.nodes[0], key, b"e%d" % n, n)
+                with trio.fail_after(60):
+                    while len(got) < 30:
+                        await trio.sleep(0.1)
+                stats = sub.statistics()
+            chain = await c.settle(key)
+            assert [e.hash for e in got] == [e.hash for e in chain]
+            assert [e.payload for e in got] == [b"e%d" % n for n in range(30)]
+            assert stats.notified > 0 and stats.stored > 0
+            await trio.sleep(1.0)
+            for i in c.brokers(key):
+                assert c.nodes[i]._subscriptions.live_leases(key) == []
+
+
+async def test_a_lost_notification_is_healed_by_the_gap(plugins, autojump_clock) -> None:
+    async with sub_cluster(plugins, 5, subscriptions={"ttl": 300.0}) as c:
+        key = criterion_key("gap")
+        index = outsider(c, key)
+        reader = c.nodes[index]
+        async with reader.subscribe(key) as sub:
+            await publish(c.nodes[0], key, b"a", 1)
+            assert (await sub.__anext__()).payload == b"a"
+            c.cut(index)
+            await publish(c.nodes[0], key, b"b", 2)
+            c.heal()
+            await publish(c.nodes[0], key, b"c", 3)
+            with trio.fail_after(5):
+                assert [(await sub.__anext__()).payload for _ in range(2)] == [b"b", b"c"]
+            assert sub.statistics().gaps >= 1
+
+
+async def test_the_last_event_of_a_burst_arrives_by_the_head_check(plugins,
+                                                                   autojump_clock) -> None:
+    async with sub_cluster(plugins, 5, subscriptions={"ttl": 30.0, "check": 3.0}) as c:
+        key = criterion_key("burst")
+        index = outsider(c, key)
+        reader = c.nodes[index]
+        async with reader.subscribe(key) as sub:
+            for n in range(3):
+                await publish(c.nodes[0], key, b"%d" % n, n)
+            c.cut(index)
+            await publish(c.nodes[0], key, b"last", 9)
+            c.heal()
+            started = trio.current_time()
+            with trio.fail_after(10):
+                got = [(await sub.__anext__()).payload for _ in range(4)]
+            assert got == [b"0", b"1", b"2", b"last"]
+            assert trio.current_time() - started <= 3.0 * 1.25 + 2.0
+            assert sub.statistics().head_checks >= 2
+
+
+async def test_causal_delivery_across_two_criteria(plugins, autojump_clock) -> None:
+    async with sub_cluster(plugins, 6, clock="vector",
+                           subscriptions={"ttl": 300.0}) as c:
+        xn, yn, index = two_criteria(c)
+        x, y = criterion_key(xn), criterion_key(yn)
+        writers = [i for i in sorted(c.nodes) if i != index][:2]
+        reader = c.nodes[index]
+        async with reader.subscribe([xn, yn], delivery="causal") as sub:
+            await publish(c.nodes[writers[0]], x, b"x0", 1)
+            await publish(c.nodes[writers[1]], y, b"y0", 1)
+            with trio.fail_after(10):
+                first = [(await sub.__anext__()).payload for _ in range(2)]
+            assert sorted(first) == [b"x0", b"y0"]
+            # x1 happens before y1 (the second writer reads it first), but the
+            # reader misses the notification of x1 and receives y1's first.
+            c.cut(index)
+            await publish(c.nodes[writers[0]], x, b"x1", 2)
+            c.heal()
+            await c.nodes[writers[1]].read(x)
+            await publish(c.nodes[writers[1]], y, b"y1", 2)
+            with trio.fail_after(10):
+                second = [(await sub.__anext__()).payload for _ in range(2)]
+            assert second == [b"x1", b"y1"]
+            assert sub.statistics().gaps >= 1
+
+
+async def test_chain_delivery_does_not_wait_across_criteria(plugins, autojump_clock) -> None:
+    async with sub_cluster(plugins, 6, clock="vector", subscriptions={"ttl": 300.0}) as c:
+        xn, yn, index = two_criteria(c)
+        x, y = criterion_key(xn), criterion_key(yn)
+        writers = [i for i in sorted(c.nodes) if i != index][:2]
+        reader = c.nodes[index]
+        async with reader.subscribe([xn, yn], delivery="chain") as sub:
+            await trio.sleep(1.0)
+            assert all(c.nodes[i]._subscriptions.live_leases(y) for i in c.brokers(y))
+            c.cut(index)
+            await publish(c.nodes[writers[0]], x, b"x0", 1)
+            c.heal()
+            await c.nodes[writers[1]].read(x)
+            await publish(c.nodes[writers[1]], y, b"y0", 1)
+            with trio.fail_after(5):
+                assert (await sub.__anext__()).payload == b"y0"
+
+
+async def test_bad_criteria_are_usage_errors(plugins, autojump_clock) -> None:
+    async with sub_cluster(plugins, 3) as c:
+        node = c.nodes[0]
+        for bad in ([], [b"short"], ["a", "a"], [3]):
+            with pytest.raises(UsageError):
+                async with node.subscribe(bad):
+                    pass
+        with pytest.raises(UsageError):
+            await node.durable_subscription("", "a")
+        with pytest.raises(UsageError):
+            async with node.subscribe("a", start=-1):
+                pass
+
+
+# -- durable subscriptions in simulation -----------------------------------
+
+
+async def test_durable_subscription_resumes_and_unsubscribes(plugins, autojump_clock) -> None:
+    async with sub_cluster(plugins, 5, subscriptions={"ttl": 6.0}) as c:
+        key = criterion_key("durable")
+        index = outsider(c, key)
+        for n in range(5):
+            await publish(c.nodes[0], key, b"%d" % n, n)
+        sub = await c.nodes[index].durable_subscription("d", ["durable"])
+        assert (await sub.get()).payload == b"0"
+        with pytest.raises(RuntimeError):
+            async with sub.next() as event:
+                assert event.payload == b"1"
+                raise RuntimeError("processing failed")
+        async with sub.next() as event:
+            assert event.payload == b"1"
+        await sub.aclose()
+        await c.stop(index)
+        await c.start(index, options={**c.config(index).options,
+                                      "subscriptions": {"ttl": 6.0}})
+        again = await c.nodes[index].durable_subscription("d", ["durable"])
+        assert again.position == {key: 2} and again.delivered == 2
+        assert [(await again.get()).payload for _ in range(3)] == [b"2", b"3", b"4"]
+        with pytest.raises(UsageError):
+            await c.nodes[index].durable_subscription("d", ["other"])
+        await trio.sleep(1.0)
+        assert all(c.nodes[i]._subscriptions.live_leases(key) for i in c.brokers(key))
+        await again.unsubscribe()
+        with pytest.raises(UsageError):
+            await again.get()
+        await trio.sleep(3.0)
+        assert not any(c.nodes[i]._subscriptions.live_leases(key) for i in c.brokers(key))
+        await trio.sleep(10.0)
+        assert not any(c.nodes[i]._subscriptions.entries(key) for i in c.brokers(key))
+        fresh = await c.nodes[index].durable_subscription("d", ["durable"])
+        assert fresh.position == {key: 0}
