@@ -26,7 +26,7 @@ from ._subscriptions import (
     open_durable,
     open_subscription,
 )
-from ._sync import ReplicationStatistics, Replicator
+from ._sync import ReplicationStatistics, Replicator, read_batch
 from ._wire import decode_message, encode_message, field
 from .errors import (
     BrokenLink,
@@ -639,22 +639,7 @@ class Node:
             seq = field(body, "seq", int, where="chain request")
             budget = min(field(body, "max_bytes", int, where="chain request"),
                          self.config.sync_batch_bytes)
-            out: list[bytes] = []
-            used = 0
-            start = max(seq, 0)
-            more = False
-            while True:
-                batch = await self.store.range(criterion, start, start + 256)
-                for event in batch:
-                    raw = event.to_bytes()
-                    if out and used + len(raw) > budget:
-                        more = True
-                        break
-                    out.append(raw)
-                    used += len(raw)
-                if more or len(batch) < 256:
-                    break
-                start += 256
+            out, more = await read_batch(self.store, criterion, max(seq, 0), budget)
             return {"events": out, "more": more}
         raise ProtocolError(f"unknown chain operation {op!r}")
 

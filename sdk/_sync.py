@@ -36,7 +36,7 @@ from .errors import (
     QuorumUnavailable,
     StoreError,
 )
-from .interfaces import Peer
+from .interfaces import Peer, Store
 
 if TYPE_CHECKING:
     from ._node import Node
@@ -101,6 +101,25 @@ class ReplicationStatistics:
     nudges_sent: int
     anti_entropy_rounds: int
     peer_failures: int
+
+
+async def read_batch(store: Store, criterion: bytes, start: int,
+                     budget: int) -> tuple[list[bytes], bool]:
+    """Encoded main-chain events from ``start`` on, at most ``budget`` bytes
+    (but at least one event); and whether more follow."""
+    out: list[bytes] = []
+    used = 0
+    while True:
+        page = await store.range(criterion, start, start + _FETCH_PAGE)
+        for event in page:
+            raw = event.to_bytes()
+            if out and used + len(raw) > budget:
+                return out, True
+            out.append(raw)
+            used += len(raw)
+        if len(page) < _FETCH_PAGE:
+            return out, False
+        start += _FETCH_PAGE
 
 
 @attrs.define(eq=False)
@@ -228,21 +247,7 @@ class Replicator:
             if await self._hash_at(criterion, anchor[0]) != anchor[1]:
                 return {"on": False, "e": [], "more": False}
             start = anchor[0] + 1
-        out: list[bytes] = []
-        used = 0
-        more = False
-        while True:
-            page = await store.range(criterion, start, start + _FETCH_PAGE)
-            for event in page:
-                raw = event.to_bytes()
-                if out and used + len(raw) > budget:
-                    more = True
-                    break
-                out.append(raw)
-                used += len(raw)
-            if more or len(page) < _FETCH_PAGE:
-                break
-            start += _FETCH_PAGE
+        out, more = await read_batch(store, criterion, start, budget)
         return {"on": True, "e": out, "more": more}
 
     async def _serve_locate(self, peer: Peer, body: Any) -> Any:
