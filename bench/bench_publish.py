@@ -12,7 +12,7 @@ use more than one core). Figures:
   before it is stored).
 
     python bench/bench_publish.py [--sequential 300] [--criteria 64] [--per-criterion 40]
-                                  [--chain 100000]
+                                  [--chain 100000] [--store sqlite|memory] [--compare]
 
 The machine's load average is printed too: on a shared machine the figures
 move with it.
@@ -182,6 +182,36 @@ def holders(count: int) -> list[int]:
     return ranked[:count]
 
 
+def start_workers(base: Path, store: str) -> list[Worker]:
+    workers = [Worker(0, base, [], store)]
+    try:
+        for index in range(1, WORKERS):
+            workers.append(Worker(index, base, [workers[0].address], store))
+        for w in workers:
+            w.send("members")
+            live = int(w.expect("MEMBERS")[0])
+            assert live == WORKERS - 1, f"worker sees {live} members"
+    except BaseException:
+        for w in workers:
+            w.close()
+        raise
+    return workers
+
+
+def publish_figures(workers: list[Worker], store: str, args: argparse.Namespace,
+                    ) -> tuple[float, float]:
+    kind = "SQLite stores (synchronous=FULL)" if store == "sqlite" else "memory stores"
+    print(f"{WORKERS} node processes, loopback TCP, r = 3, {kind}, static overlay; "
+          f"load average {os.getloadavg()[0]:.1f}")
+    seq = run_publish(workers, "seq", [1, 0, 0, 0, 0], args.sequential)
+    print(f"  publish, 1 criterion, sequential       {seq:10,.0f} acked events/s")
+    share = [args.criteria // WORKERS + (i < args.criteria % WORKERS) for i in range(WORKERS)]
+    conc = run_publish(workers, "conc", share, args.per_criterion)
+    print(f"  publish, {args.criteria} criteria concurrently    {conc:10,.0f} acked "
+          "events/s  (target >= 2,000)", flush=True)
+    return seq, conc
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sequential", type=int, default=300)
@@ -190,6 +220,9 @@ def main() -> None:
     parser.add_argument("--chain", type=int, default=100_000)
     parser.add_argument("--store", default="sqlite", choices=["sqlite", "memory"],
                         help="store of the publish runs (memory: to see what the disk costs)")
+    parser.add_argument("--compare", action="store_true",
+                        help="also run the publish figures with memory stores and print "
+                             "the ratios (what the durable store costs, same machine load)")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--seeds", default="", help=argparse.SUPPRESS)
@@ -201,24 +234,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ketten-bench-") as tmp:
         base = Path(tmp)
         store = "sqlite" if args.store == "sqlite" else "memory"
-        workers = [Worker(0, base, [], store)]
+        workers = start_workers(base, store)
         try:
-            for index in range(1, WORKERS):
-                workers.append(Worker(index, base, [workers[0].address], store))
-            for w in workers:
-                w.send("members")
-                live = int(w.expect("MEMBERS")[0])
-                assert live == WORKERS - 1, f"worker sees {live} members"
-            kind = "SQLite stores (synchronous=FULL)" if store == "sqlite" else "memory stores"
-            print(f"{WORKERS} node processes, loopback TCP, r = 3, {kind}, static overlay; "
-                  f"load average {os.getloadavg()[0]:.1f}")
-            seq = run_publish(workers, "seq", [1, 0, 0, 0, 0], args.sequential)
-            print(f"  publish, 1 criterion, sequential       {seq:10,.0f} acked events/s")
-            share = [args.criteria // WORKERS + (i < args.criteria % WORKERS)
-                     for i in range(WORKERS)]
-            conc = run_publish(workers, "conc", share, args.per_criterion)
-            print(f"  publish, {args.criteria} criteria concurrently    {conc:10,.0f} acked "
-                  "events/s  (target >= 2,000)")
+            seq, conc = publish_figures(workers, store, args)
+            if args.compare and store == "sqlite":
+                baseline = start_workers(base / "memory", "memory")
+                try:
+                    mem_seq, mem_conc = publish_figures(baseline, "memory", args)
+                finally:
+                    for w in baseline:
+                        w.close()
+                print(f"  sqlite / memory: sequential {seq / mem_seq:.2f}, "
+                      f"concurrently {conc / mem_conc:.2f}")
             print(f"building a chain of {args.chain:,} signed events in two holders ...",
                   flush=True)
             chosen = holders(2)

@@ -19,6 +19,7 @@ from ._store_records import event_prefix, find_in_files, uint_bytes
 
 __all__ = [
     "MAX_SEQ", "damaged", "decode_checked", "iter_main", "iter_main_unchecked", "iter_orphans",
+    "read_main",
 ]
 
 MAX_SEQ = 2**63 - 1
@@ -102,6 +103,55 @@ def iter_main(
             expected = seq + 1
     finally:
         rows.close()  # ends the statement's read snapshot
+
+
+def read_main(
+    conn: sqlite3.Connection, db_path: str, criterion: bytes, start: int, stop: int | None
+) -> list[Event]:
+    """The decoded main-chain events in ``[start, stop)``, every link and hash checked.
+
+    Like :func:`iter_main` + :func:`decode_checked`, but each row is hashed
+    once (by decoding) and the link is checked on the decoded event.
+    """
+    start = max(start, 0)
+    stop = MAX_SEQ if stop is None else stop
+    if stop <= start:
+        return []
+    first = start - 1 if start > 0 else 0
+    rows = conn.execute(
+        "SELECT seq, hash, raw FROM events WHERE criterion = ? AND orphan IS NULL"
+        " AND seq >= ? AND seq < ? ORDER BY seq",
+        (criterion, first, stop),
+    ).fetchall()
+    out: list[Event] = []
+    prev: bytes | None = None
+    expected = first
+    from_bytes = Event.from_bytes
+    for seq, digest, raw in rows:
+        if seq != expected:
+            raise StoreCorrupted(
+                f"criterion {criterion.hex()[:16]}: seq {expected} is missing (found {seq})",
+                path=db_path, criterion=criterion, seq=expected,
+            )
+        expected = seq + 1
+        if seq < start:
+            prev = digest
+            continue
+        if type(raw) is not bytes or type(digest) is not bytes:
+            raise damaged(db_path, criterion, seq, b"", "stored values have the wrong type")
+        try:
+            event = from_bytes(raw)
+        except DecodeError as exc:
+            raise damaged(db_path, criterion, seq, raw, f"undecodable ({exc})") from None
+        if event.hash != digest:
+            raise damaged(db_path, criterion, seq, raw, "stored bytes do not match the event hash")
+        if event.criterion != criterion or event.seq != seq or (
+            event.prev != prev if seq == 0 or seq > first else False
+        ):
+            raise damaged(db_path, criterion, seq, raw, "stored bytes do not match the position")
+        out.append(event)
+        prev = digest
+    return out
 
 
 def iter_main_unchecked(

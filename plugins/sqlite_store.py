@@ -11,10 +11,19 @@ Options (``NodeConfig.options["store"]``):
 
 The database runs in WAL mode with ``synchronous=FULL``: a transaction is on
 disk before its commit returns, so an append is durable when it returns.
-Blocking calls run in worker threads (:func:`trio.to_thread.run_sync`); one
-connection writes, one reads, and offline tools read through
-:class:`SqliteReader` (the ``ketten_open_store_reader`` hook) while a node
-writes. Every event read is checked against its stored hash and position;
+Blocking calls run in worker threads (:func:`trio.to_thread.run_sync`). One
+connection writes: writes that arrive while a transaction is running are
+queued and all run in the next one, each in its own savepoint, so one thread
+hand-off and one sync serve them all and each commits whole or not at all.
+A few read connections serve reads in parallel, and offline tools read
+through :class:`SqliteReader` (the ``ketten_open_store_reader`` hook) while
+a node writes.
+
+Heads, the last events of each chain and chains' command indexes are kept
+in memory (:mod:`ketten.plugins._sqlite_cache`), changed only after a
+commit, so ``head``, ``heads``, ``range`` near the head and most
+``by_command`` calls need no thread at all; a read from disk returns only
+once memory holds every commit its snapshot saw. Every event read is checked against its stored hash and position;
 damaged records raise :class:`~ketten.errors.StoreCorrupted` naming the file
 and offset, and :meth:`SqliteStore.quarantine` cuts a damaged chain back so
 the node can fetch the range again from its peers.
@@ -41,7 +50,9 @@ from ._sqlite_access import (
     iter_main,
     iter_main_unchecked,
     iter_orphans,
+    read_main,
 )
+from ._sqlite_cache import ChainCache
 from ._sqlite_schema import DB_NAME, check_existing, corrupted, migrate, owns_directory
 from ._store_records import DirLock, store_path
 
@@ -51,6 +62,8 @@ if TYPE_CHECKING:
 __all__ = ["SqliteReader", "SqliteStore"]
 
 T = TypeVar("T")
+
+_READERS = 3
 
 _INSERT = (
     "INSERT INTO events (criterion, seq, hash, author, command, raw) VALUES (?, ?, ?, ?, ?, ?)"
@@ -80,6 +93,29 @@ def _connect(db_path: str, *, read_only: bool) -> sqlite3.Connection:
     return conn
 
 
+Heads = Callable[[bytes], "tuple[int, bytes] | None"]
+Changes = dict[bytes, "tuple[int, bytes] | None"]
+Effect = Callable[[ChainCache], None]
+Body = Callable[[sqlite3.Connection, Heads, Changes], "tuple[Any, Effect | None]"]
+
+
+@attrs.define(eq=False)
+class _WriteOp:
+    """One write waiting for, or done in, a shared transaction."""
+
+    body: Body
+    done: trio.Event = attrs.field(factory=trio.Event)
+    result: Any = None
+    error: BaseException | None = None
+    effect: Effect | None = None
+    lead: bool = False
+
+    def outcome(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
 @attrs.define(eq=False)
 class SqliteStore:
     """A :class:`~ketten.interfaces.Store` in one SQLite database (see the module doc)."""
@@ -88,11 +124,19 @@ class SqliteStore:
     _check_on_open: bool = attrs.field(default=True, alias="check_on_open")
     _db_path: str = attrs.field(init=False)
     _writer: sqlite3.Connection | None = attrs.field(default=None, init=False)
-    _reader: sqlite3.Connection | None = attrs.field(default=None, init=False)
+    _idle_readers: list[sqlite3.Connection] = attrs.field(factory=list, init=False)
+    _read_slots: trio.Semaphore = attrs.field(factory=lambda: trio.Semaphore(_READERS),
+                                              init=False)
     _dir_lock: DirLock | None = attrs.field(default=None, init=False)
-    _write_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
-    _read_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
-    _heads: dict[bytes, tuple[int, bytes]] = attrs.field(factory=dict, init=False)
+    _queue: list[_WriteOp] = attrs.field(factory=list, init=False)
+    _writing: bool = attrs.field(default=False, init=False)
+    _cache: ChainCache = attrs.field(factory=ChainCache, init=False)
+    # Transactions that reached COMMIT, and those whose effect is in the cache.
+    # A read from disk returns only once the cache holds every commit its
+    # snapshot may contain, so memory never lags behind what was read.
+    _committing: int = attrs.field(default=0, init=False)
+    _applied: int = attrs.field(default=0, init=False)
+    _applied_now: trio.Event = attrs.field(factory=trio.Event, init=False)
     _page_size: int = attrs.field(default=4096, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -122,7 +166,7 @@ class SqliteStore:
         os.makedirs(self._path, exist_ok=True)
         writer = _connect(self._db_path, read_only=False)
         lock = DirLock(self._db_path)
-        reader: sqlite3.Connection | None = None
+        readers: list[sqlite3.Connection] = []
         try:
             lock.acquire()
             self._prepare(writer)
@@ -132,22 +176,25 @@ class SqliteStore:
                     "SELECT criterion, head_seq, head_hash FROM chains"
                 )
             }
-            reader = _connect(self._db_path, read_only=True)
+            for _ in range(_READERS):
+                readers.append(_connect(self._db_path, read_only=True))
         except BaseException as exc:
-            if reader is not None:
+            for reader in readers:
                 reader.close()
             writer.close()
             lock.release()
             if isinstance(exc, sqlite3.DatabaseError):
                 raise corrupted(self._db_path, exc, self._page_size) from None
             raise
-        self._writer, self._reader, self._dir_lock, self._heads = writer, reader, lock, heads
+        self._writer, self._idle_readers, self._dir_lock = writer, readers, lock
+        self._cache.clear(heads)
 
     def _prepare(self, writer: sqlite3.Connection) -> None:
         mode = writer.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
             raise StoreError(f"{self._db_path}: cannot switch to WAL mode (got {mode})")
         writer.execute("PRAGMA synchronous = FULL")
+        writer.execute("PRAGMA temp_store = MEMORY")  # statement journals of savepoints
         migrate(writer, self._db_path)
         # Put the schema version into the main file's header, where readers
         # and the next open recognise the store without touching anything.
@@ -162,47 +209,175 @@ class SqliteStore:
                 )
 
     async def aclose(self) -> None:
-        """Close the connections (the store can be opened again)."""
-        async with self._write_lock, self._read_lock:
-            writer, reader, lock = self._writer, self._reader, self._dir_lock
-            self._writer = self._reader = self._dir_lock = None
-            self._heads = {}
+        """Close the connections once running reads and writes are done (the store can be
+        opened again)."""
+        if self._writer is None:
+            await trio.lowlevel.checkpoint()
+            return
+        with trio.CancelScope(shield=True):
+            await self._write(lambda conn, heads, changes: (None, None))
+            for _ in range(_READERS):
+                await self._read_slots.acquire()
+            try:
+                writer, readers, lock = self._writer, self._idle_readers, self._dir_lock
+                self._writer, self._idle_readers, self._dir_lock = None, [], None
+                self._cache.clear()
 
-            def close() -> None:
-                if reader is not None:
-                    reader.close()
-                if writer is not None:
-                    writer.close()
-                if lock is not None:
-                    lock.release()
+                def close() -> None:
+                    for reader in readers:
+                        reader.close()
+                    if writer is not None:
+                        writer.close()
+                    if lock is not None:
+                        lock.release()
 
-            await trio.to_thread.run_sync(close)
+                await trio.to_thread.run_sync(close)
+            finally:
+                for _ in range(_READERS):
+                    self._read_slots.release()
 
     # -- plumbing ----------------------------------------------------------
 
-    def _conn(self, conn: sqlite3.Connection | None) -> sqlite3.Connection:
-        if conn is None:
-            raise StoreError(f"{self._path}: the sqlite store is not open")
-        return conn
-
     def _check_open(self) -> None:
-        self._conn(self._writer)
+        if self._writer is None:
+            raise StoreError(f"{self._path}: the sqlite store is not open")
+
+    def _mapped(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, sqlite3.IntegrityError):
+            return StoreConflict(f"{self._path}: {exc}")
+        if isinstance(exc, sqlite3.DatabaseError):
+            return corrupted(self._db_path, exc, self._page_size)
+        return exc
 
     async def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         self._check_open()
-        async with self._read_lock:
-            conn = self._conn(self._reader)
-            return await self._in_thread(lambda: fn(conn))
+        async with self._read_slots:
+            self._check_open()
+            conn = self._idle_readers.pop()
+            try:
+                def guarded() -> tuple[T, int]:
+                    try:
+                        return fn(conn), self._committing
+                    except sqlite3.DatabaseError as exc:
+                        raise self._mapped(exc) from None
 
-    def _transaction(self, conn: sqlite3.Connection, body: Callable[[], T]) -> T:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            result = body()
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+                result, seen = await trio.to_thread.run_sync(guarded)
+            finally:
+                self._idle_readers.append(conn)
+        while self._applied < seen:
+            await self._applied_now.wait()
         return result
+
+    async def _write(self, body: Body) -> Any:
+        """Run ``body`` in the next shared transaction: one thread hand-off and one sync
+        serve every write queued meanwhile, each in its own savepoint, so each write
+        commits whole or not at all whatever the others do.
+
+        A caller cancelled while its write waits in the queue takes it out (nothing is
+        written); once the write is in a running transaction the caller waits for the
+        commit, whose effect on the cache is applied either way, and is then cancelled.
+        """
+        self._check_open()
+        op = _WriteOp(body)
+        self._queue.append(op)
+        if self._writing:
+            try:
+                await op.done.wait()
+            except trio.Cancelled:
+                if op in self._queue:
+                    self._queue.remove(op)
+                    if op.lead:
+                        self._hand_over()
+                    raise
+                with trio.CancelScope(shield=True):
+                    await op.done.wait()
+                raise
+            if not op.lead:
+                return op.outcome()
+        with trio.CancelScope(shield=True):
+            await self._lead()
+        return op.outcome()
+
+    async def _lead(self) -> None:
+        self._writing = True
+        batch: list[_WriteOp] = []
+        try:
+            batch, self._queue = self._queue, []
+            for op in batch:
+                op.lead = False
+            await trio.to_thread.run_sync(self._run_batch, self._writer, batch)
+            for op in batch:
+                if op.error is None and op.effect is not None:
+                    op.effect(self._cache)
+        except BaseException as exc:
+            for op in batch:
+                if op.error is None:
+                    op.error, op.effect = exc, None
+            raise
+        finally:
+            self._applied = self._committing
+            self._applied_now.set()
+            self._applied_now = trio.Event()
+            for op in batch:
+                op.done.set()
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        if self._queue:
+            successor = self._queue[0]
+            successor.lead = True
+            successor.done.set()
+        else:
+            self._writing = False
+
+    def _run_batch(self, conn: sqlite3.Connection | None, batch: list[_WriteOp]) -> None:
+        if conn is None:
+            closed = StoreError(f"{self._path}: the sqlite store is not open")
+            for op in batch:
+                op.error = closed
+            return
+        overlay: Changes = {}
+        position = self._cache.head_position
+
+        def heads(criterion: bytes) -> tuple[int, bytes] | None:
+            return overlay[criterion] if criterion in overlay else position(criterion)
+
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            fresh = True  # nothing written yet: a failure rolls back the transaction
+            for op in batch:
+                changes: Changes = {}
+                if not fresh:
+                    # Savepoints cost a statement journal of the pages they
+                    # touch; the first write of a transaction does without.
+                    conn.execute("SAVEPOINT op")
+                try:
+                    op.result, op.effect = op.body(conn, heads, changes)
+                except Exception as exc:
+                    if fresh:
+                        conn.execute("ROLLBACK")
+                        conn.execute("BEGIN IMMEDIATE")
+                    else:
+                        conn.execute("ROLLBACK TO op")
+                        conn.execute("RELEASE op")
+                    op.error = self._mapped(exc)
+                    continue
+                if not fresh:
+                    conn.execute("RELEASE op")
+                fresh = False
+                overlay.update(changes)
+            self._committing += 1
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            failed = self._mapped(exc)
+            for op in batch:
+                if op.error is None:
+                    op.error, op.effect = failed, None
 
     # -- writes ------------------------------------------------------------
 
@@ -217,13 +392,15 @@ class SqliteStore:
         if not events:
             await trio.lowlevel.checkpoint()
             return
-        async with self._write_lock:
-            conn = self._conn(self._writer)
-            pending: dict[bytes, tuple[int, bytes]] = {}
+        batch = list(events)
+        rows = _rows(batch)
+
+        def body(conn: sqlite3.Connection, heads: Heads,
+                 changes: Changes) -> tuple[None, Effect]:
             commands: set[tuple[bytes, bytes, int]] = set()
-            for event in events:
+            for event in batch:
                 criterion = event.criterion
-                known = pending.get(criterion) or self._heads.get(criterion)
+                known = changes[criterion] if criterion in changes else heads(criterion)
                 next_seq, head_hash = (known[0] + 1, known[1]) if known else (0, None)
                 if event.seq != next_seq or event.prev != head_hash:
                     raise StoreConflict(
@@ -238,41 +415,19 @@ class SqliteStore:
                             f"author {_short(event.author)} is already in the chain"
                         )
                     commands.add(key)
-                pending[criterion] = (event.seq, event.hash)
-            rows = _rows(events)
-            heads = [(c, seq, digest) for c, (seq, digest) in pending.items()]
-
-            def write() -> None:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    conn.executemany(_INSERT, rows)
-                    conn.executemany(_SET_HEAD, heads)
-                except sqlite3.IntegrityError:
-                    conn.execute("ROLLBACK")
-                    raise StoreConflict(
-                        f"{self._path}: a command id (author, command) of this batch is "
-                        "already in its chain"
-                    ) from None
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
-
-            await self._in_thread(write)
-            self._heads.update(pending)
-
-    async def _in_thread(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` in a worker thread; the caller holds the lock of its connection."""
-
-        def guarded() -> T:
+                changes[criterion] = (event.seq, event.hash)
             try:
-                return fn()
-            except sqlite3.IntegrityError as exc:
-                raise StoreConflict(f"{self._path}: {exc}") from None
-            except sqlite3.DatabaseError as exc:
-                raise corrupted(self._db_path, exc, self._page_size) from None
+                conn.executemany(_INSERT, rows)
+            except sqlite3.IntegrityError:
+                raise StoreConflict(
+                    f"{self._path}: a command id (author, command) of this batch is "
+                    "already in its chain"
+                ) from None
+            conn.executemany(_SET_HEAD, [(c, pos[0], pos[1]) for c, pos in changes.items()
+                                         if pos is not None])
+            return None, lambda cache: cache.committed(batch)
 
-        return await trio.to_thread.run_sync(guarded)
+        await self._write(body)
 
     async def replace_from(self, criterion: bytes, seq: int, events: Sequence[Event]) -> list[Event]:
         """Orphan the main chain from ``seq`` on and append ``events`` in its place, atomically.
@@ -282,89 +437,80 @@ class SqliteStore:
         :class:`~ketten.errors.StoreError`, :class:`~ketten.errors.StoreCorrupted`.
         """
         self._check_open()
-        async with self._write_lock:
-            conn = self._conn(self._writer)
-            known = self._heads.get(criterion)
+        batch = list(events)
+
+        def body(conn: sqlite3.Connection, heads: Heads,
+                 changes: Changes) -> tuple[list[Event], Effect]:
+            known = heads(criterion)
             height = known[0] + 1 if known else 0
             if not 0 <= seq <= height:
                 raise StoreConflict(
                     f"cannot replace from seq {seq} of a chain of height {height}"
                 )
-
-            def replace() -> tuple[list[Event], tuple[int, bytes] | None]:
-                def body() -> tuple[list[Event], tuple[int, bytes] | None]:
-                    expected_prev: bytes | None = None
-                    if seq > 0:
-                        row = conn.execute(
-                            "SELECT hash FROM events WHERE criterion = ? AND orphan IS NULL"
-                            " AND seq = ?", (criterion, seq - 1),
-                        ).fetchone()
-                        if row is None:
-                            raise StoreConflict(f"seq {seq - 1} of the chain is missing")
-                        expected_prev = row[0]
-                    base_prev = expected_prev
-                    commands: set[tuple[bytes, int]] = set()
-                    for offset, event in enumerate(events):
-                        if (event.criterion != criterion or event.seq != seq + offset
-                                or event.prev != expected_prev):
-                            raise StoreConflict(
-                                f"replacement event seq {event.seq} does not extend "
-                                f"seq {seq + offset - 1}"
-                            )
-                        if event.command is not None:
-                            if (event.author, event.command) in commands:
-                                raise StoreConflict(
-                                    f"replacement reuses command {event.command}"
-                                )
-                            commands.add((event.author, event.command))
-                        expected_prev = event.hash
-                    removed = [
-                        decode_checked(self._db_path, criterion, s, digest, raw)
-                        for s, digest, raw in iter_main(conn, self._db_path, criterion, seq, None)
-                    ]
-                    number = conn.execute(
-                        "SELECT COALESCE(MAX(orphan), 0) + 1 FROM events"
-                        " WHERE criterion = ? AND orphan IS NOT NULL", (criterion,),
-                    ).fetchone()[0]
-                    conn.execute(
-                        "UPDATE events SET orphan = ? WHERE criterion = ? AND orphan IS NULL"
-                        " AND seq >= ?", (number, criterion, seq),
+            expected_prev: bytes | None = None
+            if seq > 0:
+                row = conn.execute(
+                    "SELECT hash FROM events WHERE criterion = ? AND orphan IS NULL"
+                    " AND seq = ?", (criterion, seq - 1),
+                ).fetchone()
+                if row is None:
+                    raise StoreConflict(f"seq {seq - 1} of the chain is missing")
+                expected_prev = row[0]
+            base_prev = expected_prev
+            commands: set[tuple[bytes, int]] = set()
+            for offset, event in enumerate(batch):
+                if (event.criterion != criterion or event.seq != seq + offset
+                        or event.prev != expected_prev):
+                    raise StoreConflict(
+                        f"replacement event seq {event.seq} does not extend "
+                        f"seq {seq + offset - 1}"
                     )
-                    try:
-                        conn.executemany(_INSERT, _rows(events))
-                    except sqlite3.IntegrityError:
-                        raise StoreConflict("replacement reuses a command id of the chain") from None
-                    head: tuple[int, bytes] | None
-                    if events:
-                        head = (events[-1].seq, events[-1].hash)
-                    elif seq > 0:
-                        assert base_prev is not None
-                        head = (seq - 1, base_prev)
-                    else:
-                        head = None
-                    _store_head(conn, criterion, head)
-                    return removed, head
-
-                return self._transaction(conn, body)
-
-            removed, head = await self._in_thread(replace)
-            if head is None:
-                self._heads.pop(criterion, None)
+                if event.command is not None:
+                    if (event.author, event.command) in commands:
+                        raise StoreConflict(f"replacement reuses command {event.command}")
+                    commands.add((event.author, event.command))
+                expected_prev = event.hash
+            removed = [
+                decode_checked(self._db_path, criterion, s, digest, raw)
+                for s, digest, raw in iter_main(conn, self._db_path, criterion, seq, None)
+            ]
+            number = conn.execute(
+                "SELECT COALESCE(MAX(orphan), 0) + 1 FROM events"
+                " WHERE criterion = ? AND orphan IS NOT NULL", (criterion,),
+            ).fetchone()[0]
+            conn.execute(
+                "UPDATE events SET orphan = ? WHERE criterion = ? AND orphan IS NULL"
+                " AND seq >= ?", (number, criterion, seq),
+            )
+            try:
+                conn.executemany(_INSERT, _rows(batch))
+            except sqlite3.IntegrityError:
+                raise StoreConflict("replacement reuses a command id of the chain") from None
+            head: tuple[int, bytes] | None
+            if batch:
+                head = (batch[-1].seq, batch[-1].hash)
+            elif seq > 0:
+                assert base_prev is not None
+                head = (seq - 1, base_prev)
             else:
-                self._heads[criterion] = head
-            return removed
+                head = None
+            _store_head(conn, criterion, head)
+            changes[criterion] = head
+            return removed, lambda cache: cache.reset(criterion, head, batch)
+
+        removed: list[Event] = await self._write(body)
+        return removed
 
     async def put_cursor(self, name: str, value: bytes) -> None:
         """Store a cursor atomically and durably. Raises :class:`~ketten.errors.StoreError`."""
-        self._check_open()
         data = bytes(value)
-        async with self._write_lock:
-            conn = self._conn(self._writer)
-            await self._in_thread(
-                lambda: conn.execute(
-                    "INSERT OR REPLACE INTO cursors (name, value) VALUES (?, ?)", (name, data)
-                )
-            )
+
+        def body(conn: sqlite3.Connection, heads: Heads, changes: Changes) -> tuple[None, None]:
+            conn.execute("INSERT OR REPLACE INTO cursors (name, value) VALUES (?, ?)",
+                         (name, data))
+            return None, None
+
+        await self._write(body)
 
     async def quarantine(self, criterion: bytes, from_seq: int) -> int:
         """Give up the chain of ``criterion`` from ``from_seq`` on, to repair it from peers.
@@ -375,55 +521,47 @@ class SqliteStore:
         the normal sync fetches the rest again. Returns how many main-chain
         events were removed. Raises :class:`~ketten.errors.StoreError`.
         """
-        self._check_open()
         from_seq = max(from_seq, 0)
-        async with self._write_lock:
-            conn = self._conn(self._writer)
-            known = self._heads.get(criterion)
+
+        def body(conn: sqlite3.Connection, heads: Heads,
+                 changes: Changes) -> tuple[int, Effect]:
+            known = heads(criterion)
             height = known[0] + 1 if known else 0
+            removed = conn.execute(
+                "DELETE FROM events WHERE criterion = ? AND orphan IS NULL AND seq >= ?",
+                (criterion, from_seq),
+            ).rowcount
+            bad = []
+            for row_id, seq, digest, raw in conn.execute(
+                "SELECT id, seq, hash, raw FROM events WHERE criterion = ?"
+                " AND orphan IS NOT NULL", (criterion,),
+            ).fetchall():
+                try:
+                    decode_checked(self._db_path, criterion, seq, digest, raw)
+                except StoreError:
+                    bad.append((row_id,))
+            conn.executemany("DELETE FROM events WHERE id = ?", bad)
+            head: tuple[int, bytes] | None = None
+            if from_seq > 0:
+                row = conn.execute(
+                    "SELECT seq, hash FROM events WHERE criterion = ? AND orphan IS NULL"
+                    " AND seq = ?", (criterion, from_seq - 1),
+                ).fetchone()
+                head = (row[0], row[1]) if row else known
+            _store_head(conn, criterion, head)
+            changes[criterion] = head
+            if removed:
+                conn.execute(
+                    "INSERT INTO quarantine (criterion, from_seq, old_height)"
+                    " VALUES (?, ?, ?) ON CONFLICT(criterion) DO UPDATE SET"
+                    " from_seq = min(from_seq, excluded.from_seq),"
+                    " old_height = max(old_height, excluded.old_height)",
+                    (criterion, from_seq, height),
+                )
+            return int(removed), lambda cache: cache.reset(criterion, head)
 
-            def cut() -> tuple[int, tuple[int, bytes] | None]:
-                def body() -> tuple[int, tuple[int, bytes] | None]:
-                    removed = conn.execute(
-                        "DELETE FROM events WHERE criterion = ? AND orphan IS NULL AND seq >= ?",
-                        (criterion, from_seq),
-                    ).rowcount
-                    bad = []
-                    for row_id, seq, digest, raw in conn.execute(
-                        "SELECT id, seq, hash, raw FROM events WHERE criterion = ?"
-                        " AND orphan IS NOT NULL", (criterion,),
-                    ).fetchall():
-                        try:
-                            decode_checked(self._db_path, criterion, seq, digest, raw)
-                        except StoreError:
-                            bad.append((row_id,))
-                    conn.executemany("DELETE FROM events WHERE id = ?", bad)
-                    head: tuple[int, bytes] | None = None
-                    if from_seq > 0:
-                        row = conn.execute(
-                            "SELECT seq, hash FROM events WHERE criterion = ? AND orphan IS NULL"
-                            " AND seq = ?", (criterion, from_seq - 1),
-                        ).fetchone()
-                        head = (row[0], row[1]) if row else known
-                    _store_head(conn, criterion, head)
-                    if removed:
-                        conn.execute(
-                            "INSERT INTO quarantine (criterion, from_seq, old_height)"
-                            " VALUES (?, ?, ?) ON CONFLICT(criterion) DO UPDATE SET"
-                            " from_seq = min(from_seq, excluded.from_seq),"
-                            " old_height = max(old_height, excluded.old_height)",
-                            (criterion, from_seq, height),
-                        )
-                    return removed, head
-
-                return self._transaction(conn, body)
-
-            removed, head = await self._in_thread(cut)
-            if head is None:
-                self._heads.pop(criterion, None)
-            else:
-                self._heads[criterion] = head
-            return int(removed)
+        removed: int = await self._write(body)
+        return removed
 
     async def quarantined(self) -> dict[bytes, tuple[int, int]]:
         """``{criterion: (from_seq, old_height)}`` of quarantined ranges not yet refilled.
@@ -438,7 +576,7 @@ class SqliteStore:
         )
         out = {}
         for criterion, from_seq, old_height in rows:
-            known = self._heads.get(criterion)
+            known = self._cache.head_position(criterion)
             if (known[0] + 1 if known else 0) < old_height:
                 out[criterion] = (from_seq, old_height)
         return out
@@ -462,7 +600,17 @@ class SqliteStore:
         return await self._read(get)
 
     async def head(self, criterion: bytes) -> Event | None:
-        """The head of the chain, or ``None``. Raises :class:`~ketten.errors.StoreCorrupted`."""
+        """The head of the chain, or ``None`` (from memory once known).
+
+        Raises :class:`~ketten.errors.StoreCorrupted`, :class:`~ketten.errors.StoreError`.
+        """
+        self._check_open()
+        cache = self._cache
+        cached = cache.head_event(criterion)
+        if cached is not None or cache.head_position(criterion) is None:
+            await trio.lowlevel.checkpoint()
+            return cached
+        generation = cache.generation(criterion)
 
         def head(conn: sqlite3.Connection) -> Event | None:
             row = conn.execute(
@@ -474,18 +622,16 @@ class SqliteStore:
                 return None
             return decode_checked(self._db_path, criterion, row[0], row[1], row[2])
 
-        return await self._read(head)
+        event = await self._read(head)
+        cache.read_head(criterion, generation, event)
+        return event
 
     async def heads(self) -> Mapping[bytes, tuple[int, bytes]]:
-        """``{criterion: (head seq, head hash)}``. Raises :class:`~ketten.errors.StoreError`."""
-        return await self._read(
-            lambda conn: {
-                c: (seq, digest)
-                for c, seq, digest in conn.execute(
-                    "SELECT criterion, head_seq, head_hash FROM chains"
-                )
-            }
-        )
+        """``{criterion: (head seq, head hash)}`` (from memory). Raises
+        :class:`~ketten.errors.StoreError`."""
+        self._check_open()
+        await trio.lowlevel.checkpoint()
+        return self._cache.heads()
 
     async def range(self, criterion: bytes, start: int = 0, stop: int | None = None) -> list[Event]:
         """Main-chain events with ``start <= seq < stop``, in order.
@@ -493,11 +639,13 @@ class SqliteStore:
         Raises :class:`~ketten.errors.StoreCorrupted` (the range holds a damaged
         record: nothing is returned), :class:`~ketten.errors.StoreError`.
         """
+        self._check_open()
+        cached = self._cache.range(criterion, start, stop)
+        if cached is not None:
+            await trio.lowlevel.checkpoint()
+            return cached
         return await self._read(
-            lambda conn: [
-                decode_checked(self._db_path, criterion, seq, digest, raw)
-                for seq, digest, raw in iter_main(conn, self._db_path, criterion, start, stop)
-            ]
+            lambda conn: read_main(conn, self._db_path, criterion, start, stop)
         )
 
     async def by_command(self, criterion: bytes, author: bytes, command: int) -> Event | None:
@@ -505,10 +653,31 @@ class SqliteStore:
 
         Raises :class:`~ketten.errors.StoreCorrupted`, :class:`~ketten.errors.StoreError`.
         """
+        self._check_open()
         if not 0 <= command <= MAX_SEQ:
-            self._check_open()
             await trio.lowlevel.checkpoint()
             return None
+        cache = self._cache
+        known = cache.by_command(criterion, author, command)
+        if known is None or isinstance(known, Event):
+            await trio.lowlevel.checkpoint()
+            return known
+        if known < 0:
+            generation = cache.generation(criterion)
+            index = await self._read(
+                lambda conn: {
+                    (a, c): s for a, c, s in conn.execute(
+                        "SELECT author, command, seq FROM events WHERE criterion = ?"
+                        " AND orphan IS NULL AND command IS NOT NULL", (criterion,),
+                    )
+                }
+            )
+            cache.read_commands(criterion, generation, index)
+            seq = index.get((author, command))
+            if seq is None:
+                return None
+        else:
+            seq = known
 
         def lookup(conn: sqlite3.Connection) -> Event | None:
             row = conn.execute(
