@@ -41,7 +41,8 @@ class Connection:
     """Requests of the peer this node is still answering."""
     send_timeout: float = 30.0
     """How long one frame may take to leave; a peer that stops reading is cut off."""
-    _send_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    _outbox: list[bytes] = attrs.field(factory=list, init=False)
+    _flushing: bool = attrs.field(default=False, init=False)
     _pending: dict[int, ReplySlot] = attrs.field(factory=dict, init=False)
     _next_id: int = attrs.field(default=0, init=False)
 
@@ -51,23 +52,42 @@ class Connection:
         return bool(self._pending) or self.answering > 0
 
     async def send(self, frame: WireFrame) -> int:
-        """Write one frame; returns its size. Raises :class:`PeerUnreachable` if closed."""
+        """Write one frame; returns its size. Raises :class:`PeerUnreachable` if closed.
+
+        Frames queued while another sender is writing go out with its next
+        write, one system call for many frames. A frame that cannot be written
+        closes the connection, which fails every request still waiting on it.
+        """
         data = encode_frame(frame)
-        async with self._send_lock:
-            if self.closed:
-                raise PeerUnreachable(f"connection to {self.peer.address} is closed")
-            # A frame is written whole or the connection is closed: a send
+        if self.closed:
+            raise PeerUnreachable(f"connection to {self.peer.address} is closed")
+        self._outbox.append(data)
+        if self._flushing:
+            await trio.lowlevel.checkpoint()
+            return len(data)
+        self._flushing = True
+        try:
+            # Frames are written whole or the connection is closed: a write
             # cut short by the caller's cancellation would leave half a frame
             # on a connection that other requests share.
-            try:
-                with trio.CancelScope(shield=True), trio.move_on_after(self.send_timeout) as scope:
-                    await self.stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self.close(f"send failed: {exc}")
-                raise PeerUnreachable(f"connection to {self.peer.address} broke") from None
-            if scope.cancelled_caught:
-                self.close(f"a frame took longer than {self.send_timeout} s to send")
-                raise PeerUnreachable(f"connection to {self.peer.address} stalled")
+            while self._outbox and not self.closed:
+                chunk = b"".join(self._outbox)
+                self._outbox.clear()
+                deadline = trio.current_time() + self.send_timeout
+                with trio.CancelScope(shield=True, deadline=deadline) as scope:
+                    try:
+                        await self.stream.send_all(chunk)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                        self.close(f"send failed: {exc}")
+                        raise PeerUnreachable(
+                            f"connection to {self.peer.address} broke") from None
+                if scope.cancelled_caught:
+                    self.close(f"a frame took longer than {self.send_timeout} s to send")
+                    raise PeerUnreachable(f"connection to {self.peer.address} stalled")
+        finally:
+            self._flushing = False
+        if self.closed:
+            raise PeerUnreachable(f"connection to {self.peer.address} is closed")
         await trio.lowlevel.checkpoint_if_cancelled()
         return len(data)
 

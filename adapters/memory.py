@@ -131,6 +131,8 @@ class MemoryNetwork:
 class MemoryTransport:
     """One endpoint of a :class:`MemoryNetwork` (a :class:`~ketten.interfaces.Transport`)."""
 
+    loses_frames = True  # the fault model drops messages
+
     _network: MemoryNetwork = attrs.field(alias="network")
     _identity: Identity = attrs.field(alias="identity")
     _address: str = attrs.field(alias="address")

@@ -168,6 +168,8 @@ class TcpTransport:
     frame_timeout: float = 30.0
     idle_timeout: float = 300.0
     max_concurrent_requests: int = 64
+    loses_frames: bool = attrs.field(default=False, init=False)
+    """A frame arrives or its connection fails: callers need not retransmit."""
     _address: str | None = attrs.field(default=None, init=False)
     _handler: Handler | None = attrs.field(default=None, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)

@@ -25,7 +25,7 @@ from ._event import Event
 from ._replication import Verdict, judge_offer
 from ._sync import Replicator, decode_pair
 from ._wire import field
-from .errors import InvalidEvent, ProtocolError, StoreConflict, StoreError
+from .errors import InvalidEvent, ProtocolError, StoreConflict, StoreError, WriterNotAllowed
 from .interfaces import Peer, Store
 
 if TYPE_CHECKING:
@@ -129,6 +129,16 @@ class Broker:
             )
         event = Event.from_bytes(raw, max_size=node.config.max_event_size)
         mark = decode_pair(body.get("k"), where="publish")
+        return await self._serve(event, mark, signed_here=False)
+
+    async def serve_local(self, event: Event, mark: tuple[int, bytes] | None) -> Any:
+        """Answer an offer of this node's own publisher: ``event`` was signed in
+        this process, so its signature is not checked again."""
+        return await self._serve(event, mark, signed_here=True)
+
+    async def _serve(self, event: Event, mark: tuple[int, bytes] | None, *,
+                     signed_here: bool) -> Any:
+        node = self.node
         node._counts["events_received"] += 1
         replicator = self.replicator
         if not any(replicator.is_self(p) for p in await replicator.replicas(event.criterion)):
@@ -138,7 +148,7 @@ class Broker:
         limit = node.config.request_timeout
         with trio.move_on_after(limit):
             async with node._lock(event.criterion):
-                return await self._decide(event, mark, limit)
+                return await self._decide(event, mark, limit, signed_here)
         return {"s": "behind"}
 
     async def _judge(self, event: Event, *, synced: bool) -> tuple[Verdict, Event | None,
@@ -158,7 +168,7 @@ class Broker:
         return verdict, ref, head
 
     async def _decide(self, event: Event, mark: tuple[int, bytes] | None,
-                      limit: float) -> Any:
+                      limit: float, signed_here: bool) -> Any:
         node = self.node
         replicator = self.replicator
         criterion = event.criterion
@@ -172,7 +182,14 @@ class Broker:
         if verdict is Verdict.APPEND:
             try:
                 policy = await node.policy(criterion) if event.seq > 0 else None
-                check_successor(head, event, policy=policy, verify=Verify.FULL)
+                if signed_here:
+                    check_successor(head, event, verify=Verify.LINKS)
+                    if policy is not None and not policy.allows(event.author):
+                        raise WriterNotAllowed(
+                            f"seq {event.seq}: author {event.author.hex()[:16]} may not write "
+                            "to this chain")
+                else:
+                    check_successor(head, event, policy=policy, verify=Verify.FULL)
             except InvalidEvent as exc:
                 node._counts["invalid_events"] += 1
                 return {"s": "invalid", "r": exc.reason, "m": str(exc)}

@@ -177,7 +177,8 @@ class Node:
         after 1/8 of ``timeout``, then every 1/4 of it: a lost request or
         reply then costs a fraction of the timeout instead of all of it. Only
         for requests the peer may safely handle twice (reads, idempotent
-        offers).
+        offers). Transports whose ``loses_frames`` attribute is false (TCP)
+        are not retransmitted on; a transport without it is.
 
         Raises :class:`~ketten.errors.PeerUnreachable` (refused, or no reply
         within ``timeout``, default ``config.request_timeout``),
@@ -195,7 +196,9 @@ class Node:
         limit = self.config.request_timeout if timeout is None else timeout
         data = encode_message(service, body)
         with trio.move_on_after(limit):
-            if retransmit:
+            # A transport that cannot lose frames (TCP) gets nothing from a
+            # second copy but the extra work of answering it.
+            if retransmit and getattr(self.transport, "loses_frames", True):
                 reply = await self._request_with_retransmits(address, data, limit)
             else:
                 reply = await self.transport.request(address, data)

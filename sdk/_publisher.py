@@ -208,20 +208,18 @@ class Publisher:
     async def _offer(self, peer: Peer, event: Event, tally: PublishTally,
                      timeout: float, round_scope: trio.CancelScope) -> None:
         node = self.node
-        body = {
-            "e": event.to_bytes(),
-            "r": node.config.replication,
-            "k": encode_pair(self._acked.get(event.criterion)),
-        }
+        mark = self._acked.get(event.criterion)
         reply: Any = None
         try:
-            with trio.move_on_after(timeout):
-                if self.replicator.is_self(peer):
-                    reply = await self.broker.serve(peer, body)
-                else:
-                    # Offers are idempotent: a broker answers a repeat from its chain.
-                    reply = await node.call(peer.address, "publish", body, timeout=timeout,
-                                            retransmit=True)
+            if self.replicator.is_self(peer):
+                with trio.move_on_after(timeout):
+                    reply = await self.broker.serve_local(event, mark)
+            else:
+                body = {"e": event.to_bytes(), "r": node.config.replication,
+                        "k": encode_pair(mark)}
+                # Offers are idempotent: a broker answers a repeat from its chain.
+                reply = await node.call(peer.address, "publish", body, timeout=timeout,
+                                        retransmit=True)
         except KettenError:
             return
         if reply is None:

@@ -72,6 +72,11 @@ class Transport(Protocol):
     Frames are opaque bytes. Every frame arrives with the authenticated
     :class:`Peer` that sent it. Calls carry no timeouts of their own: callers
     wrap them in ``trio.move_on_after`` / ``trio.fail_after``.
+
+    A transport may set the attribute ``loses_frames = False`` when it never
+    drops a frame silently (TCP: a frame arrives or the connection breaks);
+    the node then does not retransmit requests on it. Without the attribute
+    the node assumes frames can be lost.
     """
 
     @property
