@@ -103,6 +103,31 @@ class ReplicationStatistics:
     peer_failures: int
 
 
+def _tally(
+    probes: list[tuple[Peer, Probe]], position: int, heights: dict[bytes, int]
+) -> tuple[dict[bytes, bytes | None], dict[bytes, int], dict[bytes, Peer], bytes | None]:
+    """What the probed peers hold at ``position``: their votes, the height of each
+    candidate branch (starting from ``heights``), a peer holding each candidate,
+    and the candidate a peer reports as committed."""
+    votes: dict[bytes, bytes | None] = {}
+    holders: dict[bytes, Peer] = {}
+    committed: bytes | None = None
+    for peer, probe in probes:
+        if not probe.on:
+            votes[peer.node_id] = OTHER + peer.node_id
+            continue
+        votes[peer.node_id] = probe.next
+        if probe.next is None:
+            continue
+        height = probe.head[0] if probe.head is not None else position
+        if height >= heights.get(probe.next, -1):
+            heights[probe.next] = height
+            holders[probe.next] = peer
+        if probe.commit is not None and probe.commit[0] >= position:
+            committed = probe.next
+    return votes, heights, holders, committed
+
+
 async def read_batch(store: Store, criterion: bytes, start: int,
                      budget: int) -> tuple[list[bytes], bool]:
     """Encoded main-chain events from ``start`` on, at most ``budget`` bytes
@@ -395,23 +420,7 @@ class Replicator:
                       probes: list[tuple[Peer, Probe]], timeout: float) -> bool:
         """We hold nothing after our head; peers do. Join the best branch."""
         position = 0 if head is None else head.seq + 1
-        votes: dict[bytes, bytes | None] = {}
-        heights: dict[bytes, int] = {}
-        committed: bytes | None = None
-        holders: dict[bytes, Peer] = {}
-        for peer, probe in probes:
-            if not probe.on:
-                votes[peer.node_id] = OTHER + peer.node_id
-                continue
-            votes[peer.node_id] = probe.next
-            if probe.next is None:
-                continue
-            height = probe.head[0] if probe.head is not None else position
-            if height >= heights.get(probe.next, -1):
-                heights[probe.next] = height
-                holders[probe.next] = peer
-            if probe.commit is not None and probe.commit[0] >= position:
-                committed = probe.next
+        votes, heights, holders, committed = _tally(probes, position, {})
         winner = choose_at(votes, own=None, replication=self.node.config.replication,
                            heights=heights, committed=committed)
         if winner is None or winner not in holders:
@@ -455,23 +464,7 @@ class Replicator:
                     timeout: float) -> tuple[bytes, Peer] | None:
         """Ask every peer what it holds at ``position``; the event to switch to, if any."""
         probes = await self._probe_all(criterion, peers, anchor, timeout)
-        votes: dict[bytes, bytes | None] = {}
-        heights: dict[bytes, int] = {own: head.seq}
-        holders: dict[bytes, Peer] = {}
-        committed: bytes | None = None
-        for other, probe in probes:
-            if not probe.on:
-                votes[other.node_id] = OTHER + other.node_id
-                continue
-            votes[other.node_id] = probe.next
-            if probe.next is None:
-                continue
-            height = probe.head[0] if probe.head is not None else position
-            if height >= heights.get(probe.next, -1):
-                heights[probe.next] = height
-                holders[probe.next] = other
-            if probe.commit is not None and probe.commit[0] >= position:
-                committed = probe.next
+        votes, heights, holders, committed = _tally(probes, position, {own: head.seq})
         mark = await self.commit_mark(criterion)
         own_committed = mark is not None and mark[0] >= position
         winner = choose_at(votes, own=own, replication=self.node.config.replication,
