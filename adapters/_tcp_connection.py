@@ -5,24 +5,14 @@ from __future__ import annotations
 import attrs
 import trio
 
-from ketten.errors import KettenError, PeerUnreachable, RemoteError
+from ketten.errors import PeerUnreachable, RemoteError
 from ketten.interfaces import Peer, Reply
 
 from ._framing import Frame as WireFrame
 from ._framing import FrameDecoder, Request, encode_frame
+from ._reply import ReplySlot
 
-__all__ = ["Connection", "ReplySlot"]
-
-
-@attrs.define(eq=False)
-class ReplySlot:
-    done: trio.Event = attrs.field(factory=trio.Event)
-    outcome: Reply | KettenError | None = None
-
-    def settle(self, outcome: Reply | KettenError) -> None:
-        if not self.done.is_set():
-            self.outcome = outcome
-            self.done.set()
+__all__ = ["Connection"]
 
 
 @attrs.define(eq=False)
@@ -99,14 +89,9 @@ class Connection:
         self._pending[req_id] = slot
         try:
             await self.send(Request(req_id, data))
-            await slot.done.wait()
+            return await slot.result()
         finally:
             self._pending.pop(req_id, None)
-        outcome = slot.outcome
-        if isinstance(outcome, KettenError):
-            raise outcome
-        assert outcome is not None
-        return outcome
 
     def settle(self, req_id: int, outcome: Reply | RemoteError) -> bool:
         slot = self._pending.get(req_id)

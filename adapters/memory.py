@@ -21,6 +21,7 @@ from ketten.errors import ConfigError, KettenError, PeerUnreachable, RemoteError
 from ketten.interfaces import Handler, Peer, Reply
 
 from ._netmodel import Faults, NetworkModel, NetworkStatistics
+from ._reply import ReplySlot
 
 if TYPE_CHECKING:
     from ketten import Node
@@ -40,12 +41,6 @@ class TransportStatistics:
     error_replies_sent: int
     bytes_sent: int
     bytes_received: int
-
-
-@attrs.define(eq=False)
-class _ReplySlot:
-    done: trio.Event = attrs.field(factory=trio.Event)
-    outcome: Reply | KettenError | None = None
 
 
 @attrs.define(eq=False)
@@ -138,7 +133,7 @@ class MemoryTransport:
     _address: str = attrs.field(alias="address")
     _handler: Handler | None = attrs.field(default=None, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
-    _pending: dict[int, _ReplySlot] = attrs.field(factory=dict, init=False)
+    _pending: dict[int, ReplySlot] = attrs.field(factory=dict, init=False)
     _next_id: int = attrs.field(default=0, init=False)
     _peer: Peer = attrs.field(init=False)
     _counts: dict[str, int] = attrs.field(init=False)
@@ -176,8 +171,7 @@ class MemoryTransport:
         finally:
             self._network._detach(self)
             for slot in self._pending.values():
-                slot.outcome = PeerUnreachable(f"{self._address} stopped serving")
-                slot.done.set()
+                slot.settle(PeerUnreachable(f"{self._address} stopped serving"))
             self._pending.clear()
 
     async def request(self, address: str, data: bytes) -> Reply:
@@ -185,20 +179,15 @@ class MemoryTransport:
             raise UsageError(f"{self._address} must be serving to send requests")
         self._next_id += 1
         req_id = self._next_id
-        slot = _ReplySlot()
+        slot = ReplySlot()
         self._pending[req_id] = slot
         self._counts["requests_sent"] += 1
         self._counts["bytes_sent"] += len(data)
         try:
             self._network._transmit(self, address, "request", req_id, data)
-            await slot.done.wait()
+            return await slot.result()
         finally:
             self._pending.pop(req_id, None)
-        outcome = slot.outcome
-        if isinstance(outcome, KettenError):
-            raise outcome
-        assert outcome is not None
-        return outcome
 
     async def send(self, address: str, data: bytes) -> None:
         if self._nursery is None:
@@ -242,22 +231,20 @@ class MemoryTransport:
                              outcome: bytes | tuple[str, str]) -> None:
         await trio.sleep_until(arrival)
         slot = self._pending.get(req_id)
-        if slot is None or slot.done.is_set():
+        if slot is None or slot.settled:
             return  # late, duplicated or abandoned
         self._counts["replies_received"] += 1
         if isinstance(outcome, tuple):
-            slot.outcome = RemoteError(*outcome)
+            slot.settle(RemoteError(*outcome))
         else:
             self._counts["bytes_received"] += len(outcome)
-            slot.outcome = Reply(peer, outcome)
-        slot.done.set()
+            slot.settle(Reply(peer, outcome))
 
     async def _refused(self, arrival: float, req_id: int, address: str) -> None:
         await trio.sleep_until(arrival)
         slot = self._pending.get(req_id)
-        if slot is not None and not slot.done.is_set():
-            slot.outcome = PeerUnreachable(f"nothing is serving at {address}")
-            slot.done.set()
+        if slot is not None:
+            slot.settle(PeerUnreachable(f"nothing is serving at {address}"))
 
 
 @hookimpl
