@@ -91,7 +91,10 @@ Frame = Request | Reply | ErrorReply | Message | Hello | Auth | Refuse
 
 
 def encode_frame(frame: Frame) -> bytes:
-    body = _codec.dumps(_fields(frame))
+    if isinstance(frame, Hello | Auth | Refuse):
+        body = encode_body(frame)  # the handshake transcript covers these bytes
+    else:
+        body = _codec.dumps_wire(_fields(frame))
     return HEADER.pack(len(body)) + body
 
 

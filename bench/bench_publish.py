@@ -13,6 +13,7 @@ use more than one core). Figures:
 
     python bench/bench_publish.py [--sequential 300] [--criteria 64] [--per-criterion 40]
                                   [--chain 100000] [--store sqlite|memory] [--compare]
+                                  [--inline-limit 0.005]
 
 The machine's load average is printed too: on a shared machine the figures
 move with it. The CPU time all nodes spent per acknowledged event in the
@@ -59,8 +60,10 @@ def catch_up_key() -> bytes:
     return identity(WORKERS).node_id  # the syncing node is the closest to it
 
 
-def config(index: int, base: Path, seeds: list[str], store: str = "sqlite") -> NodeConfig:
-    stored = {"path": str(base / f"node{index}"), "check_on_open": False}
+def config(index: int, base: Path, seeds: list[str], store: str = "sqlite",
+           inline_limit: float = 0.005) -> NodeConfig:
+    stored = {"path": str(base / f"node{index}"), "check_on_open": False,
+              "inline_limit": inline_limit}
     return NodeConfig(
         identity=identity(index), transport="tcp", store=store, overlay="static",
         request_timeout=20.0,
@@ -73,8 +76,9 @@ def config(index: int, base: Path, seeds: list[str], store: str = "sqlite") -> N
 # -- worker process -----------------------------------------------------------------
 
 
-async def worker(index: int, base: Path, seeds: list[str], store: str) -> None:
-    async with open_node(config(index, base, seeds, store)) as node:
+async def worker(index: int, base: Path, seeds: list[str], store: str,
+                 inline_limit: float) -> None:
+    async with open_node(config(index, base, seeds, store, inline_limit)) as node:
         print("READY", node.address, flush=True)
         stdin = trio.wrap_file(sys.stdin)
         while True:
@@ -118,10 +122,11 @@ async def worker(index: int, base: Path, seeds: list[str], store: str) -> None:
 
 
 class Worker:
-    def __init__(self, index: int, base: Path, seeds: list[str], store: str) -> None:
+    def __init__(self, index: int, base: Path, seeds: list[str], store: str,
+                 inline_limit: float) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--worker", str(index), "--dir", str(base),
-             "--seeds", ",".join(seeds), "--store", store],
+             "--seeds", ",".join(seeds), "--store", store, "--inline-limit", str(inline_limit)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.address = self.expect("READY")[0]
 
@@ -189,11 +194,11 @@ def holders(count: int) -> list[int]:
     return ranked[:count]
 
 
-def start_workers(base: Path, store: str) -> list[Worker]:
-    workers = [Worker(0, base, [], store)]
+def start_workers(base: Path, store: str, inline_limit: float) -> list[Worker]:
+    workers = [Worker(0, base, [], store, inline_limit)]
     try:
         for index in range(1, WORKERS):
-            workers.append(Worker(index, base, [workers[0].address], store))
+            workers.append(Worker(index, base, [workers[0].address], store, inline_limit))
         for w in workers:
             w.send("members")
             live = int(w.expect("MEMBERS")[0])
@@ -231,22 +236,25 @@ def main() -> None:
     parser.add_argument("--compare", action="store_true",
                         help="also run the publish figures with memory stores and print "
                              "the ratios (what the durable store costs, same machine load)")
+    parser.add_argument("--inline-limit", type=float, default=0.005,
+                        help="the sqlite store option inline_limit (0: every commit in a "
+                             "worker thread)")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--seeds", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
         trio.run(worker, args.worker, Path(args.dir), [s for s in args.seeds.split(",") if s],
-                 args.store)
+                 args.store, args.inline_limit)
         return
     with tempfile.TemporaryDirectory(prefix="ketten-bench-") as tmp:
         base = Path(tmp)
         store = "sqlite" if args.store == "sqlite" else "memory"
-        workers = start_workers(base, store)
+        workers = start_workers(base, store, args.inline_limit)
         try:
             seq, conc = publish_figures(workers, store, args)
             if args.compare and store == "sqlite":
-                baseline = start_workers(base / "memory", "memory")
+                baseline = start_workers(base / "memory", "memory", args.inline_limit)
                 try:
                     mem_seq, mem_conc = publish_figures(baseline, "memory", args)
                 finally:

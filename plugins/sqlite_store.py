@@ -8,11 +8,20 @@ Options (``NodeConfig.options["store"]``):
 ``check_on_open``
     Run SQLite's ``quick_check`` of the whole file when opening (default
     ``True``): damaged pages are then found before anything is served.
+``inline_limit``
+    Seconds (default ``0.005``; ``0`` turns it off). A transaction of small
+    appends (up to 64 events) runs its inserts on the event loop's thread:
+    they touch cached pages only, and a hand-off to a worker thread and back
+    costs more CPU than they do. Its commit, where the sync happens, runs
+    there too while the median of the last five such transactions stays
+    under this limit; once it is over, commits go to the worker thread for
+    5 seconds, so a disk that syncs slowly stalls the event loop only for a
+    few transactions every 5 seconds (:mod:`ketten.plugins._sqlite_inline`).
 
 The database runs in WAL mode with ``synchronous=FULL``: a transaction is on
 disk before its commit returns, so an append is durable when it returns.
-Blocking calls run in worker threads (:func:`trio.to_thread.run_sync`). One
-connection writes: writes that arrive while a transaction is running are
+Blocking calls run in worker threads (:func:`trio.to_thread.run_sync`),
+except small appends (``inline_limit``). One connection writes: writes that arrive while a transaction is running are
 queued and all run in the next one, each in its own savepoint, so one thread
 hand-off and one sync serve them all and each commits whole or not at all.
 A few read connections serve reads in parallel, and offline tools read
@@ -33,6 +42,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from itertools import chain
@@ -53,6 +63,7 @@ from ._sqlite_access import (
     read_main,
 )
 from ._sqlite_cache import ChainCache
+from ._sqlite_inline import InlineCommits
 from ._sqlite_schema import DB_NAME, check_existing, corrupted, migrate, owns_directory
 from ._store_records import DirLock, store_path
 
@@ -64,6 +75,8 @@ __all__ = ["SqliteReader", "SqliteStore"]
 T = TypeVar("T")
 
 _READERS = 3
+_INLINE_EVENTS = 64
+"""Most events a transaction may append to run on the event loop's thread."""
 
 _INSERT = (
     "INSERT INTO events (criterion, seq, hash, author, command, raw) VALUES (?, ?, ?, ?, ?, ?)"
@@ -109,6 +122,8 @@ class _WriteOp:
     error: BaseException | None = None
     effect: Effect | None = None
     lead: bool = False
+    events: int = 0
+    """Events appended by ``body`` (0: not a plain append, never run inline)."""
 
     def outcome(self) -> Any:
         if self.error is not None:
@@ -122,6 +137,9 @@ class SqliteStore:
 
     _path: str = attrs.field(alias="path")
     _check_on_open: bool = attrs.field(default=True, alias="check_on_open")
+    _inline: InlineCommits = attrs.field(default=0.005, alias="inline_limit",
+                                         converter=InlineCommits)
+    _inline_runs: int = attrs.field(default=0, init=False)
     _db_path: str = attrs.field(init=False)
     _writer: sqlite3.Connection | None = attrs.field(default=None, init=False)
     _idle_readers: list[sqlite3.Connection] = attrs.field(factory=list, init=False)
@@ -268,7 +286,12 @@ class SqliteStore:
             await self._applied_now.wait()
         return result
 
-    async def _write(self, body: Body) -> Any:
+    @property
+    def inline_transactions(self) -> int:
+        """How many transactions ran on the event loop's thread (see ``inline_limit``)."""
+        return self._inline_runs
+
+    async def _write(self, body: Body, *, events: int = 0) -> Any:
         """Run ``body`` in the next shared transaction: one thread hand-off and one sync
         serve every write queued meanwhile, each in its own savepoint, so each write
         commits whole or not at all whatever the others do.
@@ -278,7 +301,7 @@ class SqliteStore:
         commit, whose effect on the cache is applied either way, and is then cancelled.
         """
         self._check_open()
-        op = _WriteOp(body)
+        op = _WriteOp(body, events=events)
         self._queue.append(op)
         if self._writing:
             try:
@@ -305,7 +328,22 @@ class SqliteStore:
             batch, self._queue = self._queue, []
             for op in batch:
                 op.lead = False
-            await trio.to_thread.run_sync(self._run_batch, self._writer, batch)
+            writer = self._writer
+            if not self._small_appends(batch):
+                await trio.to_thread.run_sync(self._run_batch, writer, batch)
+            elif self._inline.allowed(time.monotonic()):
+                started = time.monotonic()
+                self._run_batch(writer, batch)
+                finished = time.monotonic()
+                self._inline_runs += 1
+                self._inline.observe(finished - started, finished)
+                await trio.lowlevel.checkpoint()
+            elif self._apply(writer, batch):
+                # The inserts touch only cached pages; the sync is what may take long.
+                assert writer is not None
+                await trio.to_thread.run_sync(self._commit, writer, batch)
+            else:
+                await trio.lowlevel.checkpoint()
             for op in batch:
                 if op.error is None and op.effect is not None:
                     op.effect(self._cache)
@@ -322,6 +360,15 @@ class SqliteStore:
                 op.done.set()
             self._hand_over()
 
+    @staticmethod
+    def _small_appends(batch: list[_WriteOp]) -> bool:
+        total = 0
+        for op in batch:
+            if op.events <= 0:
+                return False
+            total += op.events
+        return total <= _INLINE_EVENTS
+
     def _hand_over(self) -> None:
         if self._queue:
             successor = self._queue[0]
@@ -331,11 +378,18 @@ class SqliteStore:
             self._writing = False
 
     def _run_batch(self, conn: sqlite3.Connection | None, batch: list[_WriteOp]) -> None:
+        if self._apply(conn, batch):
+            assert conn is not None
+            self._commit(conn, batch)
+
+    def _apply(self, conn: sqlite3.Connection | None, batch: list[_WriteOp]) -> bool:
+        """Begin a transaction and run every write of ``batch`` in it (each in a
+        savepoint); ``False`` if the transaction failed as a whole (the errors are set)."""
         if conn is None:
             closed = StoreError(f"{self._path}: the sqlite store is not open")
             for op in batch:
                 op.error = closed
-            return
+            return False
         overlay: Changes = {}
         position = self._cache.head_position
 
@@ -366,18 +420,28 @@ class SqliteStore:
                     conn.execute("RELEASE op")
                 fresh = False
                 overlay.update(changes)
+        except BaseException as exc:
+            self._abort(conn, batch, exc)
+            return False
+        return True
+
+    def _commit(self, conn: sqlite3.Connection, batch: list[_WriteOp]) -> None:
+        try:
             self._committing += 1
             conn.execute("COMMIT")
         except BaseException as exc:
-            if conn.in_transaction:
-                try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-            failed = self._mapped(exc)
-            for op in batch:
-                if op.error is None:
-                    op.error, op.effect = failed, None
+            self._abort(conn, batch, exc)
+
+    def _abort(self, conn: sqlite3.Connection, batch: list[_WriteOp], exc: BaseException) -> None:
+        if conn.in_transaction:
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+        failed = self._mapped(exc)
+        for op in batch:
+            if op.error is None:
+                op.error, op.effect = failed, None
 
     # -- writes ------------------------------------------------------------
 
@@ -427,7 +491,7 @@ class SqliteStore:
                                          if pos is not None])
             return None, lambda cache: cache.committed(batch)
 
-        await self._write(body)
+        await self._write(body, events=len(batch))
 
     async def replace_from(self, criterion: bytes, seq: int, events: Sequence[Event]) -> list[Event]:
         """Orphan the main chain from ``seq`` on and append ``events`` in its place, atomically.
@@ -824,7 +888,12 @@ def ketten_make_store(name: str, options: Mapping[str, Any], node: Node) -> Sqli
     check = options.get("check_on_open", True)
     if not isinstance(check, bool):
         raise ConfigError(f"store option 'check_on_open' must be a bool, got {check!r}")
-    return SqliteStore(path=store_path(options, "sqlite"), check_on_open=check)
+    limit = options.get("inline_limit", 0.005)
+    if isinstance(limit, bool) or not isinstance(limit, int | float) or not 0 <= limit <= 1:
+        raise ConfigError(
+            f"store option 'inline_limit' must be a number of seconds in [0, 1], got {limit!r}")
+    return SqliteStore(path=store_path(options, "sqlite"), check_on_open=check,
+                       inline_limit=float(limit))
 
 
 @hookimpl

@@ -9,12 +9,18 @@
 * ``{s: "reused", e: bytes}`` - the command id names other content (``e`` proves it);
 * ``{s: "behind"}`` - the broker could not catch up in time and abstains.
 
+``offers`` ``{o: [publish bodies]}`` carries several offers of one publisher
+(:mod:`ketten._offers` batches them) and is answered ``{a: [answers]}`` in
+the same order; an offer that fails on the broker's side is answered
+``{s: "error", m: message}`` and counts as an abstention.
+
 The decision is :func:`~ketten._replication.judge_offer`; a broker that lacks
 the predecessor syncs from the other brokers before it answers.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -22,10 +28,19 @@ import trio
 
 from ._chain import Verify, check_successor
 from ._event import Event
+from ._offers import MAX_BATCH_OFFERS
 from ._replication import Verdict, judge_offer
 from ._sync import Replicator, decode_pair
 from ._wire import field
-from .errors import InvalidEvent, ProtocolError, StoreConflict, StoreError, WriterNotAllowed
+from .errors import (
+    DecodeError,
+    InvalidEvent,
+    KettenError,
+    ProtocolError,
+    StoreConflict,
+    StoreError,
+    WriterNotAllowed,
+)
 from .interfaces import Peer, Store
 
 if TYPE_CHECKING:
@@ -50,19 +65,33 @@ class GroupCommit:
     the disk's sync rate. Callers hold their criterion's lock, so a batch
     never holds two events of one chain; if the batch is refused anyway,
     its events are retried one by one so that each caller gets its own
-    answer.
+    answer. ``committed`` is called with the events each transaction
+    wrote, whether or not their callers are still waiting.
+
+    A caller cancelled while its event waits in the queue takes it out
+    (nothing is written); once a transaction holds the event, it is written
+    and reported to ``committed`` either way.
     """
 
     store: Store
+    committed: Callable[[list[Event]], None] = lambda events: None
     _queue: list[tuple[Event, _Slot]] = attrs.field(factory=list, init=False)
     _busy: bool = attrs.field(default=False, init=False)
 
     async def append(self, event: Event) -> None:
         """Append ``event`` durably. Raises what :meth:`Store.append` raises."""
         slot = _Slot()
-        self._queue.append((event, slot))
+        entry = (event, slot)
+        self._queue.append(entry)
         if self._busy:
-            await slot.done.wait()
+            try:
+                await slot.done.wait()
+            except trio.Cancelled:
+                if entry in self._queue:
+                    self._queue.remove(entry)
+                    if slot.lead:
+                        self._hand_over()
+                raise
             if not slot.lead:
                 if slot.error is not None:
                     raise slot.error
@@ -72,30 +101,37 @@ class GroupCommit:
         self._busy = True
         try:
             batch, self._queue = self._queue, []
-            await self._write(batch)
+            with trio.CancelScope(shield=True):
+                await self._write(batch)
         finally:
-            if self._queue:
-                successor = self._queue[0][1]
-                successor.lead = True
-                successor.done.set()
-            else:
-                self._busy = False
+            self._hand_over()
         if slot.error is not None:
             raise slot.error
 
+    def _hand_over(self) -> None:
+        if self._queue:
+            successor = self._queue[0][1]
+            successor.lead = True
+            successor.done.set()
+        else:
+            self._busy = False
+
     async def _write(self, batch: list[tuple[Event, _Slot]]) -> None:
+        for _, slot in batch:
+            slot.lead = False
         try:
             try:
                 await self.store.append([event for event, _ in batch])
             except StoreError as exc:
                 if len(batch) == 1:
                     batch[0][1].error = exc
-                    return
-                for event, slot in batch:
-                    try:
-                        await self.store.append([event])
-                    except StoreError as single:
-                        slot.error = single
+                else:
+                    for event, slot in batch:
+                        try:
+                            await self.store.append([event])
+                        except StoreError as single:
+                            slot.error = single
+            self.committed([event for event, slot in batch if slot.error is None])
         except BaseException as exc:
             for _, slot in batch:
                 if slot.error is None:
@@ -103,7 +139,6 @@ class GroupCommit:
             raise
         finally:
             for _, slot in batch:
-                slot.lead = False
                 slot.done.set()
 
 
@@ -117,24 +152,64 @@ class Broker:
 
     def __attrs_post_init__(self) -> None:
         self.node.register_service("publish", self.serve)
+        self.node.register_service("offers", self.serve_batch)
 
     async def serve(self, peer: Peer, body: Any) -> Any:
-        node = self.node
-        raw = field(body, "e", bytes, where="publish")
-        replication = field(body, "r", int, where="publish")
-        if replication != node.config.replication:
-            raise ProtocolError(
-                f"replication factor {replication} offered, this network uses "
-                f"{node.config.replication}"
-            )
-        event = Event.from_bytes(raw, max_size=node.config.max_event_size)
-        mark = decode_pair(body.get("k"), where="publish")
-        return await self._serve(event, mark, signed_here=False)
+        event, mark = self._parse_offer(body, where="publish")
+        with trio.move_on_after(self.node.config.request_timeout):
+            return await self._serve(event, mark, signed_here=False)
+        return {"s": "behind"}
+
+    async def serve_batch(self, peer: Peer, body: Any) -> Any:
+        """``offers`` ``{o: [publish bodies]}``, answered ``{a: [publish answers]}`` in
+        the same order. The offers are decided concurrently (they share the store's
+        next transaction); a malformed offer refuses the whole request before any
+        is decided."""
+        offers = field(body, "o", list, where="offers")
+        if not 0 < len(offers) <= MAX_BATCH_OFFERS:
+            raise ProtocolError(f"offers: {len(offers)} offers in one request "
+                                f"(1 to {MAX_BATCH_OFFERS} are accepted)")
+        parsed = [self._parse_offer(offer, where=f"offers[{i}]")
+                  for i, offer in enumerate(offers)]
+        behind = {"s": "behind"}
+        answers: list[Any] = [behind] * len(parsed)
+
+        async def decide(index: int, event: Event, mark: tuple[int, bytes] | None) -> None:
+            try:
+                answers[index] = await self._serve(event, mark, signed_here=False)
+            except KettenError as exc:
+                answers[index] = {"s": "error", "m": f"{type(exc).__name__}: {exc}"[:500]}
+
+        # One deadline for the whole request: what is not decided by then abstains.
+        with trio.move_on_after(self.node.config.request_timeout):
+            if len(parsed) == 1:
+                await decide(0, *parsed[0])
+            else:
+                async with trio.open_nursery() as nursery:
+                    for index, (event, mark) in enumerate(parsed):
+                        nursery.start_soon(decide, index, event, mark)
+        return {"a": answers}
 
     async def serve_local(self, event: Event, mark: tuple[int, bytes] | None) -> Any:
         """Answer an offer of this node's own publisher: ``event`` was signed in
-        this process, so its signature is not checked again."""
+        this process, so its signature is not checked again. The caller bounds
+        the time it may take."""
         return await self._serve(event, mark, signed_here=True)
+
+    def _parse_offer(self, body: Any, *, where: str) -> tuple[Event, tuple[int, bytes] | None]:
+        node = self.node
+        raw = field(body, "e", bytes, where=where)
+        replication = field(body, "r", int, where=where)
+        if replication != node.config.replication:
+            raise ProtocolError(
+                f"{where}: replication factor {replication} offered, this network uses "
+                f"{node.config.replication}"
+            )
+        try:
+            event = Event.from_bytes(raw, max_size=node.config.max_event_size)
+        except DecodeError as exc:
+            raise DecodeError(str(exc), where=where) from None
+        return event, decode_pair(body.get("k"), where=where)
 
     async def _serve(self, event: Event, mark: tuple[int, bytes] | None, *,
                      signed_here: bool) -> Any:
@@ -145,11 +220,14 @@ class Broker:
             # Not one of the brokers as far as this node can see: a publisher with
             # a stale view of the membership must not gather votes from outsiders.
             return {"s": "behind"}
-        limit = node.config.request_timeout
-        with trio.move_on_after(limit):
-            async with node._lock(event.criterion):
-                return await self._decide(event, mark, limit, signed_here)
-        return {"s": "behind"}
+        async with node._lock(event.criterion):
+            return await self._decide(event, mark, node.config.request_timeout, signed_here)
+
+    def _committed(self, events: list[Event]) -> None:
+        node = self.node
+        node.appended(events)
+        for event in events:
+            node.observe_clock(event)
 
     async def _judge(self, event: Event, *, synced: bool) -> tuple[Verdict, Event | None,
                                                                    Event | None]:
@@ -195,14 +273,11 @@ class Broker:
                 return {"s": "invalid", "r": exc.reason, "m": str(exc)}
             try:
                 if self._commits is None:
-                    self._commits = GroupCommit(node.store)
-                with trio.CancelScope(shield=True):
-                    await self._commits.append(event)
-                    node.appended([event])
+                    self._commits = GroupCommit(node.store, self._committed)
+                await self._commits.append(event)
             except StoreConflict:
                 node.forget_head(criterion)
                 return {"s": "stale", "e": head.to_bytes() if head is not None else None}
-            node.observe_clock(event)
             return {"s": "ack"}
         if verdict is Verdict.PRESENT:
             assert ref is not None

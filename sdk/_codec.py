@@ -13,7 +13,7 @@ import cbor2
 
 from .errors import DecodeError
 
-__all__ = ["MAX_UINT", "dumps", "head_size", "loads", "loads_prefix"]
+__all__ = ["MAX_UINT", "dumps", "dumps_wire", "head_size", "loads", "loads_prefix"]
 
 MAX_UINT = 2**63 - 1
 _MAX_DEPTH = 32
@@ -22,6 +22,13 @@ _MAX_DEPTH = 32
 def dumps(value: Any) -> bytes:
     """Canonical CBOR (RFC 8949 core deterministic encoding)."""
     return cbor2.dumps(value, canonical=True)
+
+
+def dumps_wire(value: Any) -> bytes:
+    """CBOR without the canonical map order (half the cost): for message envelopes
+    and frames, which are neither hashed nor signed. Events inside them are
+    byte strings in their canonical encoding."""
+    return cbor2.dumps(value)
 
 
 def loads(data: bytes, *, max_size: int, where: str) -> Any:

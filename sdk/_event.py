@@ -134,11 +134,18 @@ class Event:
             _check_structure(fields)
         except DecodeError as exc:
             raise UsageError(str(exc)) from None
-        sig = identity.sign(_codec.dumps(fields))
-        return cls(
-            criterion=criterion, seq=seq, prev=prev, author=identity.public_key,
-            command=command, clock=clock, time=time, payload=payload, writers=policy, sig=sig,
-        )
+        signed = _codec.dumps(fields)
+        sig = identity.sign(signed)
+        # The full encoding is the signed one under an 11-element head, plus the
+        # signature item (see signed_part): no second encoding pass.
+        raw = b"\x8b" + signed[1:] + b"\x58\x40" + sig
+        event = _new(cls)
+        object.__setattr__(event, "__dict__", {
+            "criterion": criterion, "seq": seq, "prev": prev, "author": identity.public_key,
+            "command": command, "clock": clock, "time": time, "payload": payload,
+            "writers": policy, "sig": sig, "_raw": raw, "_hash": _sha256(raw).digest(),
+        })
+        return event
 
     @classmethod
     def from_bytes(cls, data: bytes, *, max_size: int = DEFAULT_MAX_EVENT_SIZE) -> Event:

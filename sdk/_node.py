@@ -283,15 +283,16 @@ class Node:
         return int(_time.time() * 1000)
 
     def appended(self, events: Sequence[Event]) -> None:
-        """Account for events just written to the store (as the new head of their
-        chain) and tell the plugins."""
+        """Account for events just written to the store (each chain's last one as its
+        new head; the events may belong to several chains) and tell the plugins."""
         self._counts["events_appended"] += len(events)
-        if events:
-            if len(self._heads) >= _MAX_CACHED_HEADS:
-                self._heads.clear()
-            self._heads[events[-1].criterion] = events[-1]
+        heads = self._heads
+        hook = self.plugins.hook.ketten_event_appended
         for event in events:
-            self.plugins.hook.ketten_event_appended(node=self, event=event)
+            if len(heads) >= _MAX_CACHED_HEADS:
+                heads.clear()
+            heads[event.criterion] = event
+            hook(node=self, event=event)
         self._subscriptions.appended(events)
 
     async def head(self, criterion: bytes) -> Event | None:

@@ -5,6 +5,7 @@ A thin trio driver around :class:`~ketten._replication.PublishTally`.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ import trio
 
 from ._event import Event
 from ._identity import Identity
+from ._offers import OfferBatcher
 from ._replication import Outcome, PublishTally, backoff_delay, majority, pick_base
 from ._sync import Replicator, encode_pair
 from ._wire import field
@@ -57,6 +59,10 @@ class Publisher:
     broker: Broker
     _known: dict[bytes, Event] = attrs.field(factory=dict, init=False)
     _acked: dict[bytes, tuple[int, bytes]] = attrs.field(factory=dict, init=False)
+    _offers: OfferBatcher = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._offers = OfferBatcher(self.node)
 
     def note_head(self, event: Event) -> None:
         known = self._known.get(event.criterion)
@@ -115,12 +121,9 @@ class Publisher:
                 remaining = end - trio.current_time()
                 if remaining <= 0:
                     raise self._gave_up(criterion, reached, deadline)
-                targets = tally.start_round()
-                timeout = min(node.config.request_timeout, remaining)
-                async with trio.open_nursery() as nursery:
-                    for broker_id in targets:
-                        nursery.start_soon(self._offer, by_id[broker_id], event, tally, timeout,
-                                           nursery.cancel_scope)
+                targets = [by_id[b] for b in tally.start_round()]
+                await self._round(event, targets, tally,
+                                  min(node.config.request_timeout, remaining))
                 reached = tally.answered_this_round
                 outcome = tally.outcome()
                 if outcome is Outcome.DONE:
@@ -205,31 +208,58 @@ class Publisher:
         self.replicator.claim_commit(criterion, mark)
         return result
 
-    async def _offer(self, peer: Peer, event: Event, tally: PublishTally,
-                     timeout: float, round_scope: trio.CancelScope) -> None:
-        node = self.node
+    async def _round(self, event: Event, targets: list[Peer], tally: PublishTally,
+                     timeout: float) -> None:
+        """Offer ``event`` to ``targets``; return once the tally is decided, every target
+        answered, or ``timeout`` passed. Remote offers go through the batcher; the
+        local broker, if it is a target, is asked in this task meanwhile."""
         mark = self._acked.get(event.criterion)
-        reply: Any = None
+        waiting = len(targets)
+        finished = trio.Event()
+        is_open = True
+        local_scope: trio.CancelScope | None = None
+
+        def answered(peer: Peer, reply: Any) -> None:
+            nonlocal waiting
+            if not is_open:
+                return  # a late answer of an earlier round
+            waiting -= 1
+            if reply is not None:
+                try:
+                    self._count(peer, event, reply, tally)
+                except (DecodeError, InvalidEvent):
+                    pass
+            if waiting == 0 or tally.decided():
+                finished.set()
+                if local_scope is not None:
+                    local_scope.cancel()
+
+        local: Peer | None = None
+        body: dict[str, Any] | None = None
         try:
-            if self.replicator.is_self(peer):
-                with trio.move_on_after(timeout):
-                    reply = await self.broker.serve_local(event, mark)
-            else:
-                body = {"e": event.to_bytes(), "r": node.config.replication,
-                        "k": encode_pair(mark)}
-                # Offers are idempotent: a broker answers a repeat from its chain.
-                reply = await node.call(peer.address, "publish", body, timeout=timeout,
-                                        retransmit=True)
-        except KettenError:
-            return
-        if reply is None:
-            return
-        try:
-            self._count(peer, event, reply, tally)
-        except (DecodeError, InvalidEvent):
-            return
-        if tally.decided():
-            round_scope.cancel()
+            with trio.move_on_after(timeout):
+                for peer in targets:
+                    if self.replicator.is_self(peer):
+                        local = peer
+                        continue
+                    if body is None:
+                        raw = event.to_bytes()
+                        body = {"e": raw, "r": self.node.config.replication,
+                                "k": encode_pair(mark)}
+                    self._offers.submit(peer.address, body, size=len(raw), timeout=timeout,
+                                        answered=functools.partial(answered, peer))
+                if local is not None:
+                    reply: Any = None
+                    with trio.CancelScope() as local_scope:
+                        try:
+                            reply = await self.broker.serve_local(event, mark)
+                        except KettenError:
+                            pass
+                    local_scope = None
+                    answered(local, reply)
+                await finished.wait()
+        finally:
+            is_open = False
 
     def _proof(self, raw: Any, event: Event, *, same_command: bool) -> Event:
         if type(raw) is not bytes:

@@ -1,4 +1,4 @@
-"""The node's message envelope: ``[service, body]`` in canonical CBOR."""
+"""The node's message envelope: ``[service, body]`` in CBOR."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ MAX_MESSAGE_SIZE = 4 << 20
 
 
 def encode_message(service: str, body: Any) -> bytes:
-    return _codec.dumps([service, body])
+    return _codec.dumps_wire([service, body])
 
 
 def decode_message(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> tuple[str, Any]:

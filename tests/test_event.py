@@ -47,6 +47,7 @@ def test_encoding_round_trips(event: Event) -> None:
         event, filter=lambda a, _: not a.name.startswith("_")
     )
     assert decoded.hash == event.hash
+    assert attrs.evolve(event).to_bytes() == data  # the constructor encodes the same bytes
     decoded.verify()
 
 

@@ -14,6 +14,7 @@ import attrs
 import pluggy
 import pytest
 import trio
+import trio.testing
 
 import ketten
 import ketten.plugins.memory_store
@@ -506,6 +507,47 @@ async def test_concurrent_appends_share_store_transactions(autojump_clock) -> No
     assert failures == [clash]
     for event in events:
         assert await store.head(event.criterion) == event
+
+
+class GatedStore(ketten.plugins.memory_store.MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = trio.Event()
+
+    async def append(self, events: Any) -> None:
+        await self.gate.wait()
+        await super().append(events)
+
+
+async def test_group_commit_writes_what_it_took_and_drops_what_was_cancelled(
+        autojump_clock) -> None:
+    from ketten._broker import GroupCommit
+
+    store = GatedStore()
+    await store.open()
+    reported: list[Event] = []
+    commit = GroupCommit(store, reported.extend)
+    author = Identity.from_seed(b"\5" * 32)
+    events = [Event.create(author, criterion=criterion_key(f"c{i}"), seq=0, prev=None,
+                           payload=b"", time=0) for i in range(4)]
+    scopes = [trio.CancelScope() for _ in events]
+
+    async def one(event: Event, scope: trio.CancelScope) -> None:
+        with scope:
+            await commit.append(event)
+
+    async with trio.open_nursery() as nursery:
+        for event, scope in zip(events, scopes, strict=True):
+            nursery.start_soon(one, event, scope)
+            await trio.testing.wait_all_tasks_blocked()
+        # events[0] leads a transaction that waits in the store; the others are queued.
+        scopes[0].cancel()  # taken by a transaction: written all the same
+        scopes[1].cancel()  # still queued (and next to lead): taken out, not written
+        await trio.testing.wait_all_tasks_blocked()
+        store.gate.set()
+    assert reported == [events[0], events[2], events[3]]
+    for index, event in enumerate(events):
+        assert await store.head(event.criterion) == (None if index == 1 else event)
 
 
 # -- clocks --------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from ketten.interfaces import Store
 from ketten.plugins.file_store import FileStore
 from ketten.plugins.memory_store import MemoryBacking, MemoryStore
@@ -20,8 +22,22 @@ async def test_memory_store_conforms() -> None:
     await check_store(factory)
 
 
-async def test_sqlite_store_conforms(tmp_path: Path) -> None:
-    await check_store(lambda location: SqliteStore(path=str(tmp_path / location)))
+@pytest.mark.parametrize("inline_limit", [0.0, 0.005, 1.0],
+                         ids=["commits-in-thread", "default", "commits-inline"])
+async def test_sqlite_store_conforms(tmp_path: Path, inline_limit: float) -> None:
+    stores: list[SqliteStore] = []
+
+    def factory(location: str) -> Store:
+        store = SqliteStore(path=str(tmp_path / location), inline_limit=inline_limit)
+        stores.append(store)
+        return store
+
+    await check_store(factory)
+    inline = sum(store.inline_transactions for store in stores)
+    if inline_limit == 0.0:
+        assert inline == 0
+    elif inline_limit == 1.0:
+        assert inline > 100  # the small appends of the suite
 
 
 async def test_file_store_conforms(tmp_path: Path) -> None:

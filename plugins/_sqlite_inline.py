@@ -1,0 +1,46 @@
+"""When the ``sqlite`` store may run a small transaction on the event loop's thread (sans-IO).
+
+Handing a transaction to a worker thread and back costs more CPU than a
+small write on a disk that syncs fast. A disk that syncs slowly must not
+stall the event loop, though. The store therefore runs small appends
+inline while the median of the last few inline transactions stays under a
+limit (a median, so that a transaction that merely lost the CPU to another
+process does not count), and sends everything to the worker thread for a
+while once it does not.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import attrs
+
+__all__ = ["InlineCommits"]
+
+
+@attrs.define(eq=False)
+class InlineCommits:
+    """Tracks inline transaction times; ``now`` and durations in seconds."""
+
+    limit: float
+    """Median duration above which transactions go to the worker thread (0: never inline)."""
+    window: int = 5
+    backoff: float = 5.0
+    """Seconds of worker-thread transactions after the median went over the limit."""
+    _recent: deque[float] = attrs.field(init=False)
+    _threaded_until: float = attrs.field(default=float("-inf"), init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._recent = deque(maxlen=self.window)
+
+    def allowed(self, now: float) -> bool:
+        """Whether the next small transaction may run inline."""
+        return self.limit > 0 and now >= self._threaded_until
+
+    def observe(self, duration: float, now: float) -> None:
+        """Record how long an inline transaction took (``now``: when it ended)."""
+        recent = self._recent
+        recent.append(duration)
+        if len(recent) >= 3 and sorted(recent)[len(recent) // 2] > self.limit:
+            self._threaded_until = now + self.backoff
+            recent.clear()

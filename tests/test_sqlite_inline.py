@@ -1,0 +1,46 @@
+"""When the sqlite store runs a small transaction on the event loop's thread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ketten.errors import ConfigError
+from ketten.plugins._sqlite_inline import InlineCommits
+from ketten.plugins.sqlite_store import ketten_make_store
+
+
+def test_fast_commits_stay_inline_despite_an_occasional_slow_one() -> None:
+    policy = InlineCommits(0.005)
+    now = 0.0
+    for duration in [0.001, 0.002, 0.050, 0.001, 0.001, 0.030, 0.002] * 10:
+        assert policy.allowed(now)
+        now += duration
+        policy.observe(duration, now)
+
+
+def test_a_slow_disk_sends_commits_to_the_thread_for_a_while() -> None:
+    policy = InlineCommits(0.005, backoff=5.0)
+    now = 0.0
+    inline = 0
+    while now < 60.0:
+        if policy.allowed(now):
+            inline += 1
+            now += 0.020
+            policy.observe(0.020, now)
+        else:
+            now += 0.010  # a commit in the worker thread
+    # Three slow inline commits before each 5 s back-off: 12 rounds in 60 s.
+    assert 30 <= inline <= 40
+
+
+def test_zero_turns_inline_commits_off() -> None:
+    assert not InlineCommits(0.0).allowed(0.0)
+
+
+@pytest.mark.parametrize("value", ["fast", -1, 2, True])
+def test_a_bad_inline_limit_is_a_config_error(tmp_path: Path, value: object) -> None:
+    with pytest.raises(ConfigError, match="inline_limit"):
+        ketten_make_store(name="sqlite", options={"path": str(tmp_path), "inline_limit": value},
+                          node=None)  # type: ignore[arg-type]
