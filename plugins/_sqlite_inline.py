@@ -3,10 +3,10 @@
 Handing a transaction to a worker thread and back costs more CPU than a
 small write on a disk that syncs fast. A disk that syncs slowly must not
 stall the event loop, though. The store therefore runs small appends
-inline while the median of the last few inline transactions stays under a
+inline while the median of the last 16 inline transactions stays under a
 limit (a median, so that a transaction that merely lost the CPU to another
-process does not count), and sends everything to the worker thread for a
-while once it does not.
+process, or met a busy disk queue, does not count), and sends everything to
+the worker thread for a while once it does not.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class InlineCommits:
 
     limit: float
     """Median duration above which transactions go to the worker thread (0: never inline)."""
-    window: int = 5
+    window: int = 16
     backoff: float = 5.0
     """Seconds of worker-thread transactions after the median went over the limit."""
     _recent: deque[float] = attrs.field(init=False)
@@ -41,6 +41,6 @@ class InlineCommits:
         """Record how long an inline transaction took (``now``: when it ended)."""
         recent = self._recent
         recent.append(duration)
-        if len(recent) >= 3 and sorted(recent)[len(recent) // 2] > self.limit:
+        if len(recent) >= self.window // 2 and sorted(recent)[len(recent) // 2] > self.limit:
             self._threaded_until = now + self.backoff
             recent.clear()

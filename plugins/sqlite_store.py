@@ -13,10 +13,11 @@ Options (``NodeConfig.options["store"]``):
     appends (up to 64 events) runs its inserts on the event loop's thread:
     they touch cached pages only, and a hand-off to a worker thread and back
     costs more CPU than they do. Its commit, where the sync happens, runs
-    there too while the median of the last five such transactions stays
-    under this limit; once it is over, commits go to the worker thread for
-    5 seconds, so a disk that syncs slowly stalls the event loop only for a
-    few transactions every 5 seconds (:mod:`ketten.plugins._sqlite_inline`).
+    there too while the median of the last 16 such transactions stays
+    under this limit (single ones may take longer); once it is over, commits
+    go to the worker thread for 5 seconds, so a disk that syncs slowly
+    stalls the event loop for at most eight commits every 5 seconds
+    (:mod:`ketten.plugins._sqlite_inline`).
 
 The database runs in WAL mode with ``synchronous=FULL``: a transaction is on
 disk before its commit returns, so an append is durable when it returns.

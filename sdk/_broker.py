@@ -48,6 +48,11 @@ if TYPE_CHECKING:
 
 __all__ = ["Broker", "GroupCommit"]
 
+_PREDECESSOR_WAIT = 0.05
+"""Seconds an offer that finds a gap waits for its predecessor (at most 1/8 of the
+request timeout) before the broker syncs."""
+_GAP = object()
+
 
 @attrs.define(eq=False)
 class _Slot:
@@ -149,6 +154,10 @@ class Broker:
     node: Node
     replicator: Replicator
     _commits: GroupCommit | None = attrs.field(default=None, init=False)
+    _appended: dict[bytes, trio.Event] = attrs.field(factory=dict, init=False)
+    """Signals for offers waiting on a gap, by criterion: set when the chain grows."""
+    _deciding: dict[bytes, set[int]] = attrs.field(factory=dict, init=False)
+    """Seqs of the offers being decided, by criterion."""
 
     def __attrs_post_init__(self) -> None:
         self.node.register_service("publish", self.serve)
@@ -220,14 +229,51 @@ class Broker:
             # Not one of the brokers as far as this node can see: a publisher with
             # a stale view of the membership must not gather votes from outsiders.
             return {"s": "behind"}
-        async with node._lock(event.criterion):
-            return await self._decide(event, mark, node.config.request_timeout, signed_here)
+        limit = node.config.request_timeout
+        criterion = event.criterion
+        lock = node._lock(criterion)
+        # Offers of one chain may be decided out of order (the requests that
+        # carry them are answered concurrently, and a busy broker falls behind
+        # its faster peers): an offer that finds a gap waits for its
+        # predecessor while this broker is deciding on it, else a moment,
+        # before syncing from the other brokers.
+        deciding = self._deciding.setdefault(criterion, set())
+        deciding.add(event.seq)
+        try:
+            now = trio.current_time()
+            patience = now + min(_PREDECESSOR_WAIT, limit / 8)
+            longest = now + limit / 2
+            while True:
+                now = trio.current_time()
+                until = longest if event.seq - 1 in deciding else patience
+                async with lock:
+                    answer = await self._decide(event, mark, limit, signed_here,
+                                                may_wait=now < until)
+                if answer is not _GAP:
+                    return answer
+                await self._wait_for_append(criterion, until)
+        finally:
+            deciding.discard(event.seq)
+            if not deciding and self._deciding.get(criterion) is deciding:
+                del self._deciding[criterion]
+
+    async def _wait_for_append(self, criterion: bytes, until: float) -> None:
+        appended = self._appended.get(criterion)
+        if appended is None:
+            appended = self._appended[criterion] = trio.Event()
+        with trio.move_on_at(until):
+            await appended.wait()
+        if self._appended.get(criterion) is appended and not appended.statistics().tasks_waiting:
+            del self._appended[criterion]
 
     def _committed(self, events: list[Event]) -> None:
         node = self.node
         node.appended(events)
         for event in events:
             node.observe_clock(event)
+            appended = self._appended.pop(event.criterion, None)
+            if appended is not None:
+                appended.set()
 
     async def _judge(self, event: Event, *, synced: bool) -> tuple[Verdict, Event | None,
                                                                    Event | None]:
@@ -246,13 +292,15 @@ class Broker:
         return verdict, ref, head
 
     async def _decide(self, event: Event, mark: tuple[int, bytes] | None,
-                      limit: float, signed_here: bool) -> Any:
+                      limit: float, signed_here: bool, *, may_wait: bool = False) -> Any:
         node = self.node
         replicator = self.replicator
         criterion = event.criterion
         if mark is not None:
             replicator.claim_commit(criterion, mark)
         verdict, ref, head = await self._judge(event, synced=False)
+        if verdict is Verdict.SYNC and may_wait and (head is None or event.seq > head.seq + 1):
+            return _GAP
         if verdict is Verdict.SYNC:
             peers = replicator.others(await replicator.replicas(criterion))
             await replicator.sync_locked(criterion, peers, timeout=limit / 4)

@@ -211,13 +211,12 @@ class Publisher:
     async def _round(self, event: Event, targets: list[Peer], tally: PublishTally,
                      timeout: float) -> None:
         """Offer ``event`` to ``targets``; return once the tally is decided, every target
-        answered, or ``timeout`` passed. Remote offers go through the batcher; the
-        local broker, if it is a target, is asked in this task meanwhile."""
+        answered, or ``timeout`` passed. Offers go on in the node's nursery after the
+        round is decided: the remaining brokers still get the event."""
         mark = self._acked.get(event.criterion)
         waiting = len(targets)
         finished = trio.Event()
         is_open = True
-        local_scope: trio.CancelScope | None = None
 
         def answered(peer: Peer, reply: Any) -> None:
             nonlocal waiting
@@ -231,16 +230,15 @@ class Publisher:
                     pass
             if waiting == 0 or tally.decided():
                 finished.set()
-                if local_scope is not None:
-                    local_scope.cancel()
 
-        local: Peer | None = None
         body: dict[str, Any] | None = None
         try:
             with trio.move_on_after(timeout):
                 for peer in targets:
                     if self.replicator.is_self(peer):
-                        local = peer
+                        self.node.nursery.start_soon(
+                            self._offer_locally, event, mark, timeout,
+                            functools.partial(answered, peer))
                         continue
                     if body is None:
                         raw = event.to_bytes()
@@ -248,18 +246,19 @@ class Publisher:
                                 "k": encode_pair(mark)}
                     self._offers.submit(peer.address, body, size=len(raw), timeout=timeout,
                                         answered=functools.partial(answered, peer))
-                if local is not None:
-                    reply: Any = None
-                    with trio.CancelScope() as local_scope:
-                        try:
-                            reply = await self.broker.serve_local(event, mark)
-                        except KettenError:
-                            pass
-                    local_scope = None
-                    answered(local, reply)
                 await finished.wait()
         finally:
             is_open = False
+
+    async def _offer_locally(self, event: Event, mark: tuple[int, bytes] | None,
+                             timeout: float, answered: Callable[[Any], None]) -> None:
+        reply: Any = None
+        try:
+            with trio.move_on_after(timeout):
+                reply = await self.broker.serve_local(event, mark)
+        except KettenError:
+            pass
+        answered(reply)
 
     def _proof(self, raw: Any, event: Event, *, same_command: bool) -> Event:
         if type(raw) is not bytes:

@@ -37,11 +37,11 @@ class Peer:
 
     address: str
     public_key: bytes
+    node_id: bytes = attrs.field(init=False, eq=False, repr=False)
+    """``SHA-256(public_key)``: nobody can claim it without the key."""
 
-    @property
-    def node_id(self) -> bytes:
-        """``SHA-256(public_key)``: nobody can claim it without the key."""
-        return node_id_of(self.public_key)
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "node_id", node_id_of(self.public_key))
 
 
 @attrs.frozen

@@ -83,3 +83,54 @@ async def test_a_malformed_batch_is_refused_whole(
         assert "offers" in str(caught.value)
         assert await broker.store.range(criterion_key("whole")) == []
         assert broker.statistics().requests_refused >= 1
+
+
+async def test_an_offer_ahead_of_its_predecessor_waits_for_it_instead_of_syncing(
+    plugins: pluggy.PluginManager, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster(plugins, 3) as c:
+        sender, broker = c.nodes[1], c.nodes[2]
+        key = criterion_key("ordered")
+        first = Event.create(sender.identity, criterion=key, seq=0, prev=None,
+                             payload=b"0", time=1)
+        second = Event.create(sender.identity, criterion=key, seq=1, prev=first.hash,
+                              payload=b"1", time=2)
+        syncs_before = broker.replication_statistics().syncs
+        answers: dict[int, str] = {}
+
+        async def offer(event: Event) -> None:
+            reply = await sender.call(broker.address, "offers",
+                                      {"o": [{"e": event.to_bytes(), "r": 3, "k": None}]})
+            answers[event.seq] = reply["a"][0]["s"]
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(offer, second)
+            await trio.sleep(0.01)  # the second offer now waits at the gap
+            nursery.start_soon(offer, first)
+        assert answers == {0: "ack", 1: "ack"}
+        assert await broker.store.range(key) == [first, second]
+        assert broker.replication_statistics().syncs == syncs_before
+
+
+async def test_an_offer_whose_predecessor_does_not_come_syncs_after_a_moment(
+    plugins: pluggy.PluginManager, autojump_clock: trio.testing.MockClock
+) -> None:
+    async with cluster(plugins, 3) as c:
+        key = criterion_key("behind")
+        brokers = c.brokers(key)
+        lagging = c.nodes[brokers[2]]
+        c.cut(brokers[2])
+        for i in range(3):
+            await c.nodes[brokers[0]].publish(key, b"%d" % i)
+        c.heal()
+        head = (await c.chain(brokers[0], key))[-1]
+        nxt = Event.create(c.nodes[brokers[0]].identity, criterion=key, seq=3, prev=head.hash,
+                           payload=b"3", time=9)
+        syncs_before = lagging.replication_statistics().syncs
+        began = trio.current_time()
+        reply = await c.nodes[brokers[0]].call(
+            lagging.address, "offers", {"o": [{"e": nxt.to_bytes(), "r": 3, "k": None}]})
+        assert reply["a"][0]["s"] == "ack"
+        assert lagging.replication_statistics().syncs > syncs_before
+        assert trio.current_time() - began >= 0.05
+        assert [e.seq for e in await lagging.store.range(key)] == [0, 1, 2, 3]

@@ -31,8 +31,9 @@ def test_a_slow_disk_sends_commits_to_the_thread_for_a_while() -> None:
             policy.observe(0.020, now)
         else:
             now += 0.010  # a commit in the worker thread
-    # Three slow inline commits before each 5 s back-off: 12 rounds in 60 s.
-    assert 30 <= inline <= 40
+    # Eight slow inline commits (half the window) before each 5 s back-off:
+    # about 12 rounds in 60 s.
+    assert 80 <= inline <= 100
 
 
 def test_zero_turns_inline_commits_off() -> None:
