@@ -246,9 +246,15 @@ class Broker:
             while True:
                 now = trio.current_time()
                 until = longest if event.seq - 1 in deciding else patience
-                async with lock:
+                try:
+                    lock.acquire_nowait()  # the usual case: no scheduler round trip
+                except trio.WouldBlock:
+                    await lock.acquire()
+                try:
                     answer = await self._decide(event, mark, limit, signed_here,
                                                 may_wait=now < until)
+                finally:
+                    lock.release()
                 if answer is not _GAP:
                     return answer
                 await self._wait_for_append(criterion, until)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import binascii
 from hashlib import sha256
-from operator import methodcaller
 from typing import Any
 
 import attrs
@@ -29,7 +28,6 @@ _KEY = np.dtype("V32")
 _HEAD = np.dtype("V12")
 _TWELVE = np.arange(12)
 _TOP_BIT = np.uint64(1 << 63)
-_DIGEST = methodcaller("digest")
 
 Array = np.ndarray[Any, Any]
 
@@ -203,7 +201,7 @@ def decode_run(
     seqs = seqs.astype(np.int64)
     clock_len = clock_len.astype(np.int64)
     payload_len = payload_len.astype(np.int64)
-    digests = b"".join(map(_DIGEST, map(sha256, raws)))
+    digests = b"".join([sha256(raw).digest() for raw in raws])
     prev = _take(views, clip(prev_at))
     if check_links:
         if not (
