@@ -22,9 +22,10 @@ Options (``NodeConfig.options["store"]``):
 The database runs in WAL mode with ``synchronous=FULL``: a transaction is on
 disk before its commit returns, so an append is durable when it returns.
 Blocking calls run in worker threads (:func:`trio.to_thread.run_sync`),
-except small appends (``inline_limit``). One connection writes: writes that arrive while a transaction is running are
-queued and all run in the next one, each in its own savepoint, so one thread
-hand-off and one sync serve them all and each commits whole or not at all.
+except small appends (``inline_limit``). One connection writes: writes that
+arrive while a transaction is running are queued and all run in the next
+one, each in its own savepoint, so one thread hand-off and one sync serve
+them all and each commits whole or not at all.
 A few read connections serve reads in parallel, and offline tools read
 through :class:`SqliteReader` (the ``ketten_open_store_reader`` hook) while
 a node writes.

@@ -1,21 +1,22 @@
-"""The broker side of publish: the ``publish`` service, a thin trio driver.
+"""The broker side of publish: the ``offers`` service, a thin trio driver.
 
-``publish`` ``{e: event bytes, r: replication, k: commit pair}`` is answered with
+``offers`` ``{o: [offer, ...]}`` carries up to 256 offers of one publisher
+(:mod:`ketten._offers` batches what it offers a broker at once), each
+``{e: event bytes, r: replication, k: commit pair}``, and is answered
+``{a: [answer, ...]}`` in the same order, each
 
 * ``{s: "ack"}`` - appended, or already present;
 * ``{s: "ack", e: bytes}`` - the same command is already applied as event ``e``;
 * ``{s: "stale", e: head bytes|null}`` - another event holds the position;
 * ``{s: "invalid", r: reason, m: message}`` - bad signature, writer or link;
 * ``{s: "reused", e: bytes}`` - the command id names other content (``e`` proves it);
-* ``{s: "behind"}`` - the broker could not catch up in time and abstains.
+* ``{s: "behind"}`` - the broker could not catch up in time and abstains;
+* ``{s: "error", m: message}`` - the broker failed on this offer (an abstention too).
 
-``offers`` ``{o: [publish bodies]}`` carries several offers of one publisher
-(:mod:`ketten._offers` batches them) and is answered ``{a: [answers]}`` in
-the same order; an offer that fails on the broker's side is answered
-``{s: "error", m: message}`` and counts as an abstention.
-
+A malformed offer refuses the whole request before any offer is decided.
 The decision is :func:`~ketten._replication.judge_offer`; a broker that lacks
-the predecessor syncs from the other brokers before it answers.
+the predecessor waits a moment for it (it may be on its way), then syncs
+from the other brokers before it answers.
 """
 
 from __future__ import annotations
@@ -160,20 +161,11 @@ class Broker:
     """Seqs of the offers being decided, by criterion."""
 
     def __attrs_post_init__(self) -> None:
-        self.node.register_service("publish", self.serve)
-        self.node.register_service("offers", self.serve_batch)
+        self.node.register_service("offers", self.serve)
 
     async def serve(self, peer: Peer, body: Any) -> Any:
-        event, mark = self._parse_offer(body, where="publish")
-        with trio.move_on_after(self.node.config.request_timeout):
-            return await self._serve(event, mark, signed_here=False)
-        return {"s": "behind"}
-
-    async def serve_batch(self, peer: Peer, body: Any) -> Any:
-        """``offers`` ``{o: [publish bodies]}``, answered ``{a: [publish answers]}`` in
-        the same order. The offers are decided concurrently (they share the store's
-        next transaction); a malformed offer refuses the whole request before any
-        is decided."""
+        """Answer an ``offers`` request (see the module doc). The offers are decided
+        concurrently, so they share the store's next transaction."""
         offers = field(body, "o", list, where="offers")
         if not 0 < len(offers) <= MAX_BATCH_OFFERS:
             raise ProtocolError(f"offers: {len(offers)} offers in one request "

@@ -51,7 +51,7 @@ class OfferBatcher:
 
     def submit(self, address: str, body: dict[str, Any], *, size: int, timeout: float,
                answered: Answered) -> None:
-        """Offer one event (``body`` as the ``publish`` service takes it) to the broker at
+        """Offer one event (``body``: one offer of an ``offers`` request) to the broker at
         ``address``. ``answered`` is called with its answer, or with ``None`` if none came
         within ``timeout`` (unreachable broker, refused request, malformed reply); it
         runs in a task of the node's nursery and must not raise."""
