@@ -139,8 +139,8 @@ class SqliteStore:
 
     _path: str = attrs.field(alias="path")
     _check_on_open: bool = attrs.field(default=True, alias="check_on_open")
-    _inline: InlineCommits = attrs.field(default=0.005, alias="inline_limit",
-                                         converter=InlineCommits)
+    _inline_limit: float = attrs.field(default=0.005, alias="inline_limit")
+    _inline: InlineCommits = attrs.field(init=False)
     _inline_runs: int = attrs.field(default=0, init=False)
     _db_path: str = attrs.field(init=False)
     _writer: sqlite3.Connection | None = attrs.field(default=None, init=False)
@@ -161,6 +161,7 @@ class SqliteStore:
 
     def __attrs_post_init__(self) -> None:
         self._db_path = os.path.join(self._path, DB_NAME)
+        self._inline = InlineCommits(self._inline_limit)
 
     @property
     def path(self) -> str:

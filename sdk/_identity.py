@@ -5,16 +5,13 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from functools import lru_cache
 from pathlib import Path
 
 import attrs
-from cryptography.exceptions import InvalidSignature as _CryptoInvalidSignature
 from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import (
-    Ed25519PrivateKey,
-    Ed25519PublicKey,
-)
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from nacl.bindings import crypto_sign_open
+from nacl.exceptions import CryptoError
 
 from .errors import ConfigError, DecodeError, UsageError
 
@@ -47,18 +44,18 @@ def criterion_key(name: str | bytes) -> bytes:
     return hashlib.sha256(data).digest()
 
 
-@lru_cache(maxsize=4096)
-def _public_key(raw: bytes) -> Ed25519PublicKey:
-    return Ed25519PublicKey.from_public_bytes(raw)
-
-
 def verify_signature(public_key: bytes, signature: bytes, data: bytes) -> bool:
-    """True if ``signature`` is a valid Ed25519 signature of ``data`` by ``public_key``."""
+    """True if ``signature`` is a valid Ed25519 signature of ``data`` by ``public_key``.
+
+    Verified by libsodium, which is faster than OpenSSL at it and stricter:
+    it also refuses public keys and signature points of small order, so a
+    signature cannot be valid for more than one message by construction.
+    """
     if len(public_key) != PUBLIC_KEY_SIZE or len(signature) != SIGNATURE_SIZE:
         return False
     try:
-        _public_key(public_key).verify(signature, data)
-    except (_CryptoInvalidSignature, ValueError):
+        crypto_sign_open(signature + data, public_key)
+    except (CryptoError, ValueError, TypeError):
         return False
     return True
 
