@@ -57,8 +57,8 @@ class OfferBatcher:
         runs in a task of the node's nursery and must not raise."""
         queue = self._queues.get(address)
         if queue is None:
+            self.node.nursery.start_soon(self._send_queued, address)  # raises if closing
             queue = self._queues[address] = []
-            self.node.nursery.start_soon(self._send_queued, address)
         queue.append(_Pending(body, size, timeout, answered))
 
     async def _send_queued(self, address: str) -> None:
