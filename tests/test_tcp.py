@@ -59,7 +59,8 @@ async def tcp_node(*, replication: int = 3, overlay: dict[str, Any] | None = Non
         yield node
 
 
-def echo_services(node: ketten.Node, inbox: list[Any]) -> None:
+def echo_services(node: ketten.Node, inbox: list[Any],
+                  arrived: trio.Event | None = None) -> None:
     async def echo(peer: Peer, body: Any) -> Any:
         return {"from": peer.public_key, "body": body}
 
@@ -68,6 +69,8 @@ def echo_services(node: ketten.Node, inbox: list[Any]) -> None:
 
     async def take(peer: Peer, body: Any) -> None:
         inbox.append((peer.public_key, body))
+        if arrived is not None:
+            arrived.set()
 
     node.register_service("echo", echo)
     node.register_service("boom", boom)
@@ -124,8 +127,9 @@ async def raw_connect(address: str, *, identity: Identity | None = None,
 
 async def test_requests_messages_errors_and_reuse() -> None:
     inbox: list[Any] = []
+    arrived = trio.Event()
     async with tcp_node() as a, tcp_node() as b:
-        echo_services(b, inbox)
+        echo_services(b, inbox, arrived)
         assert isinstance(a.transport, Transport)
         for i in range(5):
             answer = await a.call(b.address, "echo", i)
@@ -140,8 +144,7 @@ async def test_requests_messages_errors_and_reuse() -> None:
             await a.call(b.address, "nothing", None)
         await a.notify(b.address, "inbox", "hello")
         with trio.fail_after(5):
-            while not inbox:
-                await trio.sleep(0.01)
+            await arrived.wait()
         assert inbox == [(a.identity.public_key, "hello")]
         reply = await a.transport.request(b.address, ketten._wire.encode_message("echo", 1))
         assert reply.peer == Peer(b.address, b.identity.public_key)
@@ -174,14 +177,28 @@ async def test_mismatched_network_parameters_are_refused_and_logged(
     caplog: pytest.LogCaptureFixture, theirs: dict[str, Any], words: str,
 ) -> None:
     caplog.set_level(logging.WARNING, logger="ketten.tcp")
+    both_logged = trio.Event()
+
+    class BothSides(logging.Handler):
+        seen = 0
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.seen += 1
+            if self.seen >= 2:
+                both_logged.set()
+
+    watcher = BothSides(logging.WARNING)
+    logging.getLogger("ketten.tcp").addHandler(watcher)
     identity = ketten.plugins._kademlia_ids.solve_puzzle(1, random.Random(5))
-    async with tcp_node() as a, tcp_node(identity=identity, **theirs) as b:
-        echo_services(b, [])
-        with pytest.raises(PeerUnreachable, match="handshake"):
-            await a.call(b.address, "echo", 1)
-        with trio.fail_after(5):
-            while len([r for r in caplog.records if r.name == "ketten.tcp"]) < 2:
-                await trio.sleep(0.01)
+    try:
+        async with tcp_node() as a, tcp_node(identity=identity, **theirs) as b:
+            echo_services(b, [])
+            with pytest.raises(PeerUnreachable, match="handshake"):
+                await a.call(b.address, "echo", 1)
+            with trio.fail_after(5):
+                await both_logged.wait()
+    finally:
+        logging.getLogger("ketten.tcp").removeHandler(watcher)
     messages = [r.getMessage() for r in caplog.records if r.name == "ketten.tcp"]
     assert any(m.startswith("refusing") for m in messages)
     assert any("refused us" in m or m.startswith("refusing an incoming") or
