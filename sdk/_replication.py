@@ -247,8 +247,9 @@ def pick_base(heads: Sequence[Event | None]) -> Event | None:
     return by_hash[best]
 
 
-OTHER = b"?"
-"""Vote prefix for a broker whose chain differs below the position voted on."""
+class OtherBranch(bytes):
+    """The vote of a broker whose chain differs below the position voted on (its
+    node id). A type of its own, so that no event hash can be taken for one."""
 
 
 def choose_at(
@@ -263,8 +264,8 @@ def choose_at(
     """The event a broker should hold at a contested position, or ``None`` to keep its own.
 
     ``votes`` maps each *other* broker that answered to the hash it holds at
-    the position (``None``: it holds nothing there; a value starting with
-    :data:`OTHER`: it holds an event on a branch that split off earlier).
+    the position (``None``: it holds nothing there; an :class:`OtherBranch`:
+    it holds an event on a branch that split off earlier).
     ``own`` is what this broker holds there (``None``: nothing, it is
     behind). ``heights`` gives the branch height of each candidate hash;
     ``committed`` is a hash known to be acknowledged by a majority;
@@ -278,27 +279,26 @@ def choose_at(
     if own is not None:
         counts[own] = 1
     for held in votes.values():
-        if held is not None:
+        if held is not None and not isinstance(held, OtherBranch):
             counts[held] = counts.get(held, 0) + 1
-    candidates = {h: n for h, n in counts.items() if not h.startswith(OTHER)}
     need = majority(replication)
-    for held, n in sorted(candidates.items()):
+    for held, n in sorted(counts.items()):
         if n >= need:
             return held if held != own else None
     if own is None:
         # Behind: nothing of ours is at stake; joining a branch is a vote for it.
-        if not candidates:
+        if not counts:
             return None
-        return choose_branch(candidates, heights)
+        return choose_branch(counts, heights)
     holders = 1 + sum(1 for held in votes.values() if held is not None and
-                      not held.startswith(OTHER))
-    if holders >= replication and candidates:
+                      not isinstance(held, OtherBranch))
+    if holders >= replication and counts:
         # Every broker shares the chain below this position and holds a
         # different event here, so none of them was acknowledged and none can
         # be unless one of us moves. The lowest hash wins: unlike branch
         # heights it does not change while brokers look at each other. A
         # broker on another branch below could still join ours, so then we wait.
-        winner = min(candidates)
+        winner = min(counts)
         return winner if winner != own else None
     return None
 

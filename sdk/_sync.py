@@ -26,7 +26,7 @@ import trio
 
 from ._chain import AncestorSearch, Verify, WriterPolicy, check_successor
 from ._event import Event
-from ._replication import OTHER, choose_at, majority
+from ._replication import OtherBranch, choose_at, majority
 from ._wire import field
 from .errors import (
     DecodeError,
@@ -114,7 +114,7 @@ def _tally(
     committed: bytes | None = None
     for peer, probe in probes:
         if not probe.on:
-            votes[peer.node_id] = OTHER + peer.node_id
+            votes[peer.node_id] = OtherBranch(peer.node_id)
             continue
         votes[peer.node_id] = probe.next
         if probe.next is None:

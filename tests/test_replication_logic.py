@@ -6,7 +6,7 @@ import pytest
 
 from ketten import Event, Identity, criterion_key
 from ketten._replication import (
-    OTHER,
+    OtherBranch,
     Outcome,
     PublishTally,
     Verdict,
@@ -174,12 +174,20 @@ class TestChooseAt:
 
     def test_a_broker_on_another_branch_blocks_the_tie_break(self) -> None:
         # It might still join our branch, which would make our event a majority.
-        votes = {b"p": OTHER + b"p", b"q": b"X"}
+        votes = {b"p": OtherBranch(b"p"), b"q": b"X"}
         assert choose_at(votes, own=b"Y", replication=3, heights={}) is None
-        assert choose_at({b"p": OTHER + b"p", b"q": b"X", b"s": b"X"}, own=b"Y",
+        assert choose_at({b"p": OtherBranch(b"p"), b"q": b"X", b"s": b"X"}, own=b"Y",
                          replication=4, heights={}) is None
-        assert choose_at({b"p": OTHER + b"p", b"q": b"X", b"s": b"X"}, own=b"Y",
+        assert choose_at({b"p": OtherBranch(b"p"), b"q": b"X", b"s": b"X"}, own=b"Y",
                          replication=3, heights={}) == b"X"
+
+    def test_a_hash_that_looks_like_anything_counts_as_a_hash(self) -> None:
+        # One hash in 256 starts with the byte "?"; it is a vote like any other.
+        majority_hash = b"?" + bytes(31)
+        votes = {b"p": majority_hash, b"q": majority_hash}
+        assert choose_at(votes, own=b"\x01" * 32, replication=3, heights={}) == majority_hash
+        assert choose_at({b"p": majority_hash, b"q": OtherBranch(b"q")}, own=majority_hash,
+                         replication=3, heights={}) is None
 
     def test_a_commit_mark_overrides_votes(self) -> None:
         votes = {b"p": b"X", b"q": b"X"}
