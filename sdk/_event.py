@@ -139,13 +139,7 @@ class Event:
         # The full encoding is the signed one under an 11-element head, plus the
         # signature item (see signed_part): no second encoding pass.
         raw = b"\x8b" + signed[1:] + b"\x58\x40" + sig
-        event = _new(cls)
-        object.__setattr__(event, "__dict__", {
-            "criterion": criterion, "seq": seq, "prev": prev, "author": identity.public_key,
-            "command": command, "clock": clock, "time": time, "payload": payload,
-            "writers": policy, "sig": sig, "_raw": raw, "_hash": _sha256(raw).digest(),
-        })
-        return event
+        return _assemble(cls, fields, sig, raw, _sha256(raw).digest())
 
     @classmethod
     def from_bytes(cls, data: bytes, *, max_size: int = DEFAULT_MAX_EVENT_SIZE) -> Event:
@@ -163,23 +157,7 @@ class Event:
         if len(data) > max_size:
             raise DecodeError(f"{len(data)} bytes exceeds the limit of {max_size}", where="event")
         fields, digest = decode_fields(data)
-        writers = fields[9]
-        event = _new(cls)
-        object.__setattr__(event, "__dict__", {
-            "criterion": fields[1],
-            "seq": fields[2],
-            "prev": fields[3],
-            "author": fields[4],
-            "command": fields[5],
-            "clock": fields[6],
-            "time": fields[7],
-            "payload": fields[8],
-            "writers": tuple(writers) if writers is not None else None,
-            "sig": fields[10],
-            "_raw": data,
-            "_hash": digest,
-        })
-        return event
+        return _assemble(cls, fields, fields[10], data, digest)
 
     # -- derived values ----------------------------------------------------
 
@@ -221,6 +199,29 @@ class Event:
             f"hash={self._hash.hex()[:12]}, author={self.author.hex()[:12]}, "
             f"payload={len(self.payload)}B)"
         )
+
+
+def _assemble(cls: type[Event], fields: list[Any], sig: bytes, raw: bytes,
+              digest: bytes) -> Event:
+    """An event from checked fields (``[version, criterion, ..., writers]``) and its
+    encoding, without encoding or checking again."""
+    writers = fields[9]
+    event: Event = _new(cls)
+    object.__setattr__(event, "__dict__", {
+        "criterion": fields[1],
+        "seq": fields[2],
+        "prev": fields[3],
+        "author": fields[4],
+        "command": fields[5],
+        "clock": fields[6],
+        "time": fields[7],
+        "payload": fields[8],
+        "writers": tuple(writers) if writers is not None else None,
+        "sig": sig,
+        "_raw": raw,
+        "_hash": digest,
+    })
+    return event
 
 
 def signed_part(encoded: bytes) -> bytes:
