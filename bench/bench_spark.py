@@ -113,7 +113,7 @@ def main() -> None:
         generate(store, args.events, args.chains)
         open(marker, "w").close()
 
-    from ketten.spark import local_session
+    from ketten.spark import COMPILED_DECODER, local_session
 
     spark = local_session("bench_spark", config={"spark.driver.memory": "2g"})
     spark.sparkContext.setLogLevel("ERROR")
@@ -140,7 +140,8 @@ def main() -> None:
             ("groupBy(criterion).count()", grouped),
             ("full scan", full_scan),
         ]
-        print(f"\n{rows:,} events, Spark local[2], best of {args.runs} interleaved rounds")
+        print(f"\n{rows:,} events, Spark local[2], best of {args.runs} interleaved rounds, "
+              f"{'compiled' if COMPILED_DECODER else 'numpy'} decoder")
         print(f"{'operation':<30}{'ketten s':>10}{'ev/s':>12}{'parquet s':>11}{'ev/s':>12}"
               f"{'ratio':>8}")
         for label, operation in operations:

@@ -6,11 +6,17 @@ form, no writer list, byte strings under 4 GiB); :func:`decode_run` returns
 caller decodes it event by event with :func:`ketten.scan_encoded_chain`,
 which names the exact error. What is accepted here is therefore exactly
 what ``decode_fields`` accepts, with the same values.
+
+Where the compiled decoder (``_cdecode.c``, built at install when a C
+compiler is there) imports, it does the per-event work (heads, copies and
+SHA-256) in one pass; the numpy decoder below is its reference and the
+fallback. Both accept the same encodings and produce the same columns.
 """
 
 from __future__ import annotations
 
 import binascii
+from collections.abc import Callable
 from hashlib import sha256
 from typing import Any
 
@@ -18,7 +24,16 @@ import attrs
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["Run", "decode_run"]
+_compiled_decode: Callable[[list[bytes], bytes | None, int], tuple[bytes, ...] | None] | None
+try:
+    from ._cdecode import decode as _compiled_decode
+except ImportError:  # no compiler at install, or no libcrypto: numpy does it
+    _compiled_decode = None
+
+__all__ = ["COMPILED", "Run", "decode_run"]
+
+COMPILED = _compiled_decode is not None
+"""Whether the compiled decoder is in use."""
 
 _PAD = bytes(80)
 """Reads run at most 48 bytes past the last encoding (clipped positions + a key)."""
@@ -141,11 +156,66 @@ def decode_run(
     criterion: bytes,
     link: bytes | None,
     first_seq: int,
+    compiled: bool = True,
 ) -> Run | None:
     """Decode ``raws`` (events in seq order) if all are well formed and, with
     ``check_links``, form the chain run ``scan_encoded_chain`` would accept
     from ``first_seq`` after ``link`` under ``criterion``; else ``None``.
+
+    ``compiled=False`` uses the numpy decoder even where the compiled one imports.
     """
+    if compiled and _compiled_decode is not None:
+        run = _decode_compiled(raws, max_size=max_size,
+                               criterion=criterion if check_links else None)
+    else:
+        run = _decode_numpy(raws, max_size=max_size,
+                            criterion=criterion if check_links else None)
+    if run is None or not check_links or _links_hold(run, first_seq, link):
+        return run
+    return None
+
+
+def _links_hold(run: Run, first_seq: int, link: bytes | None) -> bool:
+    """Whether ``run`` holds seqs ``first_seq, first_seq + 1, ...``, each linking its predecessor."""
+    n = len(run)
+    if not (run.seqs == np.arange(first_seq, first_seq + n, dtype=np.int64)).all():
+        return False
+    hashes = np.frombuffer(run.digests, dtype=np.uint8).reshape(n, 32)
+    if n > 1 and not (run.prev[1:] == hashes[:-1]).all():
+        return False
+    if first_seq != 0:
+        return link is not None and bool((run.prev[0] == np.frombuffer(link, dtype=np.uint8)).all())
+    return True
+
+
+def _binary_column(offsets: bytes, data: bytes, n: int) -> pa.Array:
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _decode_compiled(raws: list[bytes], *, max_size: int, criterion: bytes | None) -> Run | None:
+    assert _compiled_decode is not None
+    columns = _compiled_decode(raws, criterion, max_size)
+    if columns is None:
+        return None
+    (seqs, prev, prev_null, author, command, command_null, time,
+     clock_offsets, clock, payload_offsets, payload, digests) = columns
+    n = len(raws)
+    return Run(
+        seqs=np.frombuffer(seqs, dtype=np.int64),
+        digests=digests,
+        prev=np.frombuffer(prev, dtype=np.uint8).reshape(n, 32),
+        prev_null=np.frombuffer(prev_null, dtype=np.bool_),
+        author=np.frombuffer(author, dtype=np.uint8).reshape(n, 32),
+        command=np.frombuffer(command, dtype=np.int64),
+        command_null=np.frombuffer(command_null, dtype=np.bool_),
+        time=np.frombuffer(time, dtype=np.uint64),
+        clock=_binary_column(clock_offsets, clock, n),
+        payload=_binary_column(payload_offsets, payload, n),
+    )
+
+
+def _decode_numpy(raws: list[bytes], *, max_size: int, criterion: bytes | None) -> Run | None:
+    """The reference decoder; checks ``criterion`` where one is given."""
     n = len(raws)
     if n == 0:
         return None
@@ -164,7 +234,8 @@ def decode_run(
     ends = starts + lengths
 
     def clip(pos: Array) -> Array:
-        return np.minimum(pos, limit)
+        # Damaged heads can carry any length, wrapping to negative positions.
+        return np.clip(pos, 0, limit)
 
     ok = (lengths >= 40) & (buf[starts] == 0x8B) & (buf[starts + 1] == 0x01)
     ok &= (buf[starts + 2] == 0x58) & (buf[starts + 3] == 0x20)
@@ -201,21 +272,12 @@ def decode_run(
     seqs = seqs.astype(np.int64)
     clock_len = clock_len.astype(np.int64)
     payload_len = payload_len.astype(np.int64)
+    if criterion is not None and not (
+        _take(views, starts + 4) == np.frombuffer(criterion, dtype=np.uint8)
+    ).all():
+        return None
     digests = b"".join([sha256(raw).digest() for raw in raws])
     prev = _take(views, clip(prev_at))
-    if check_links:
-        if not (
-            (_take(views, starts + 4) == np.frombuffer(criterion, dtype=np.uint8)).all()
-            and (seqs == np.arange(first_seq, first_seq + n, dtype=np.int64)).all()
-        ):
-            return None
-        hashes = np.frombuffer(digests, dtype=np.uint8).reshape(n, 32)
-        if n > 1 and not (prev[1:] == hashes[:-1]).all():
-            return None
-        if seqs[0] != 0 and (
-            link is None or not (prev[0] == np.frombuffer(link, dtype=np.uint8)).all()
-        ):
-            return None
     if prev_null.any():
         prev[prev_null] = 0
     return Run(

@@ -9,7 +9,8 @@ the store records), so a damaged event never reaches a DataFrame, not even
 as the last row before the damage. Since that proves every stored record,
 the store is read with ``check=False`` (each hash is computed once); when a
 damage is found, a checked read of the unconfirmed events names the damaged
-record as the store sees it.
+record as the store sees it. ``verify=none`` checks structure only: neither
+links nor the store's record hashes.
 """
 
 from __future__ import annotations
@@ -158,8 +159,8 @@ class _SliceReader:
         hold = 0 if verify is Verify.NONE else 1
         # With verification, the scan below proves every record, so the
         # store need not prove them again; a damage found is then located
-        # by a checked read (see _located).
-        checked = verify is Verify.NONE
+        # by a checked read (see _located). ``none`` checks structure only,
+        # so the store's record checks are skipped as well.
         orphan = False if self._orphan_column is not None else None
         source = self.reader(piece.source)
         followers = [
@@ -191,8 +192,7 @@ class _SliceReader:
             entry_failed = True
         else:
             entry_failed = False
-            encoded = source.read_encoded(criterion, piece.start, stop + hold,
-                                          check=checked)
+            encoded = source.read_encoded(criterion, piece.start, stop + hold, check=False)
             size = self._size
             carry: list[bytes] = []
             while True:
@@ -262,7 +262,7 @@ class _SliceReader:
 
         cause = failure[0] if failure else None
         damage = judge(count, cause)
-        if damage is not None and not checked and not entry_failed:
+        if damage is not None and not entry_failed:
             located = self._located(source, criterion, last_emitted + 1, damage)
             if located is not None:
                 cause, at = located

@@ -4,8 +4,13 @@ and reading live peers over real TCP."""
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
+import sysconfig
 import threading
 
+import hypothesis
+import hypothesis.strategies as st
 import pytest
 import trio
 
@@ -18,7 +23,7 @@ from ketten.errors import DecodeError, PeerUnreachable, UsageError
 datasource = pytest.importorskip("pyspark.sql.datasource")
 
 from ketten.spark._arrow import build_batch, run_batch  # noqa: E402
-from ketten.spark._decode import decode_run  # noqa: E402
+from ketten.spark._decode import COMPILED, decode_run  # noqa: E402
 from ketten.spark._options import ReadOptions  # noqa: E402
 from ketten.spark._plan import advance_offsets, push_filters  # noqa: E402
 from ketten.spark._reconcile import reconcile  # noqa: E402
@@ -134,7 +139,15 @@ def _events(shapes: list[tuple[int | None, bytes, int, bytes]]) -> list[Event]:
     return events
 
 
-def test_column_decoding_equals_event_decoding() -> None:
+_DECODERS = [
+    pytest.param(False, id="numpy"),
+    pytest.param(True, id="compiled", marks=pytest.mark.skipif(
+        not COMPILED, reason="compiled decoder not built (no C compiler at install)")),
+]
+
+
+@pytest.mark.parametrize("compiled", _DECODERS)
+def test_column_decoding_equals_event_decoding(compiled: bool) -> None:
     sizes = [0, 1, 12, 13, 23, 24, 255, 256, 70_000]
     shapes = [
         (None if i % 4 == 0 else [0, 23, 24, 255, 256, 65_535, 65_536, 2**32, 2**63 - 1][i % 9],
@@ -148,7 +161,8 @@ def test_column_decoding_equals_event_decoding() -> None:
     key = events[0].criterion
     for first in (0, 1, 17):
         run = decode_run(raws[first:], max_size=1 << 20, check_links=True, criterion=key,
-                         link=events[first - 1].hash if first else None, first_seq=first)
+                         link=events[first - 1].hash if first else None, first_seq=first,
+                         compiled=compiled)
         assert run is not None
         batch = run_batch(key.hex(), run, 2)
         scanned = list(scan_encoded_chain(raws[first:], criterion=key, first_seq=first,
@@ -161,15 +175,15 @@ def test_column_decoding_equals_event_decoding() -> None:
     # are left to event-by-event decoding (which names the error).
     other = criterion_key("other")
     assert decode_run(raws[1:], max_size=1 << 20, check_links=True, criterion=key,
-                      link=events[1].hash, first_seq=1) is None
+                      link=events[1].hash, first_seq=1, compiled=compiled) is None
     assert decode_run(raws[1:], max_size=1 << 20, check_links=True, criterion=key,
-                      link=events[0].hash, first_seq=2) is None
+                      link=events[0].hash, first_seq=2, compiled=compiled) is None
     assert decode_run(raws, max_size=1 << 20, check_links=True, criterion=other,
-                      link=None, first_seq=0) is None
+                      link=None, first_seq=0, compiled=compiled) is None
     assert decode_run(raws, max_size=1 << 20, check_links=False, criterion=other,
-                      link=None, first_seq=0) is not None
+                      link=None, first_seq=0, compiled=compiled) is not None
     assert decode_run(raws, max_size=1000, check_links=False, criterion=key,
-                      link=None, first_seq=0) is None
+                      link=None, first_seq=0, compiled=compiled) is None
     small = raws[2]
     command_at = 4 + 32 + 1 + 34 + 34
     assert small[command_at] == 0x18  # command 24 in its shortest form
@@ -183,4 +197,67 @@ def test_column_decoding_equals_event_decoding() -> None:
     decode_fields(writers)  # valid, but not the common shape
     for unusual in (wide, truncated, extended, small[:40], b"\xa0" * 200, writers):
         assert decode_run([raws[1], unusual], max_size=1 << 20, check_links=False,
-                          criterion=key, link=None, first_seq=1) is None
+                          criterion=key, link=None, first_seq=1,
+                          compiled=compiled) is None
+
+
+def _same_run(a: object, b: object) -> bool:
+    if a is None or b is None:
+        return a is b
+    for field in ("seqs", "prev", "prev_null", "author", "command", "command_null", "time"):
+        left, right = getattr(a, field), getattr(b, field)
+        if left.shape != right.shape or not (left == right).all():
+            return False
+    return bool(a.digests == b.digests and a.clock.equals(b.clock)  # type: ignore[attr-defined]
+                and a.payload.equals(b.payload))  # type: ignore[attr-defined]
+
+
+@pytest.mark.skipif(not COMPILED, reason="compiled decoder not built (no C compiler at install)")
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(
+    shapes=st.lists(st.tuples(
+        st.one_of(st.none(), st.integers(0, 2**63 - 1)),
+        st.binary(max_size=40),
+        st.integers(0, 2**63 - 1),
+        st.binary(max_size=300),
+    ), min_size=1, max_size=4),
+    damage=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2000), st.binary(max_size=3)),
+                    max_size=3),
+)
+def test_compiled_and_numpy_decoders_agree_on_any_bytes(
+    shapes: list[tuple[int | None, bytes, int, bytes]],
+    damage: list[tuple[int, int, bytes]],
+) -> None:
+    """Both decoders accept the same encodings (damaged or not) with the same columns,
+    and what they accept decodes event by event to the same fields."""
+    events = _events(shapes)
+    raws = [e.to_bytes() for e in events]
+    for which, at, data in damage:
+        raw = raws[which % len(raws)]
+        at %= len(raw) + 1
+        kind = at % 3
+        raw = (raw[:at] + data + raw[at + len(data):] if kind == 0
+               else raw[:at] + data + raw[at:] if kind == 1 else raw[:at])
+        raws[which % len(raws)] = raw
+    key = events[0].criterion
+    for check_links in (True, False):
+        kwargs = dict(max_size=1 << 20, check_links=check_links, criterion=key, link=None,
+                      first_seq=0)
+        compiled = decode_run(raws, compiled=True, **kwargs)  # type: ignore[arg-type]
+        reference = decode_run(raws, compiled=False, **kwargs)  # type: ignore[arg-type]
+        assert _same_run(compiled, reference)
+        if compiled is not None:
+            for i, raw in enumerate(raws):
+                fields, _ = decode_fields(raw)
+                assert fields[2] == compiled.seqs[i]
+                assert fields[8] == compiled.payload[i].as_py()
+                assert hashlib.sha256(raw).digest() == compiled.digest(i)
+
+
+def test_compiled_decoder_is_built_where_a_compiler_is() -> None:
+    """The install builds the compiled decoder whenever it can; a build that failed
+    silently would leave the reader on its (slower) numpy decoder."""
+    headers = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+    if shutil.which("cc") is None or not os.path.exists(headers):
+        pytest.skip("no C compiler or no Python headers here: the numpy decoder is the one")
+    assert COMPILED
