@@ -128,8 +128,8 @@ enum { SEQS, PREV, PREV_NULL, AUTHOR, COMMAND, COMMAND_NULL, TIME,
 
 PyDoc_STRVAR(decode_doc,
 "decode(raws, criterion, max_size) -> tuple | None\n\n"
-"Decode a list of event encodings column-wise. ``criterion`` (32 bytes or\n"
-"None) is the key every event must carry. Returns the columns as bytes\n"
+"Decode a list of event encodings (bytes) column-wise. ``criterion`` (32\n"
+"bytes or None) is the key every event must carry. Returns the columns as bytes\n"
 "(seqs i64, prev 32n, prev_null u8, author 32n, command i64, command_null u8,\n"
 "time u64, clock offsets i32 and data, payload offsets i32 and data, SHA-256\n"
 "digests 32n), or None if any encoding is not in the common canonical shape.");

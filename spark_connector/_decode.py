@@ -164,12 +164,14 @@ def decode_run(
 
     ``compiled=False`` uses the numpy decoder even where the compiled one imports.
     """
+    expected = criterion if check_links else None
     if compiled and _compiled_decode is not None:
-        run = _decode_compiled(raws, max_size=max_size,
-                               criterion=criterion if check_links else None)
+        try:
+            run = _decode_compiled(raws, max_size=max_size, criterion=expected)
+        except TypeError:  # a bytes-like other than bytes, which numpy takes
+            run = _decode_numpy(raws, max_size=max_size, criterion=expected)
     else:
-        run = _decode_numpy(raws, max_size=max_size,
-                            criterion=criterion if check_links else None)
+        run = _decode_numpy(raws, max_size=max_size, criterion=expected)
     if run is None or not check_links or _links_hold(run, first_seq, link):
         return run
     return None

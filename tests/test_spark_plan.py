@@ -246,6 +246,8 @@ def test_compiled_and_numpy_decoders_agree_on_any_bytes(
         compiled = decode_run(raws, compiled=True, **kwargs)  # type: ignore[arg-type]
         reference = decode_run(raws, compiled=False, **kwargs)  # type: ignore[arg-type]
         assert _same_run(compiled, reference)
+        others = [bytearray(raw) for raw in raws]  # bytes-like, not bytes: numpy decodes
+        assert _same_run(decode_run(others, compiled=True, **kwargs), reference)  # type: ignore[arg-type]
         if compiled is not None:
             for i, raw in enumerate(raws):
                 fields, _ = decode_fields(raw)
