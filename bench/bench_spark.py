@@ -6,8 +6,10 @@ Writes ``--events`` signed events (``--chains`` chains) straight through the
 ``sqlite`` store plugin (batched appends), then, in one local[2] Spark
 session, times ``count()``, ``groupBy(criterion).count()`` and a full scan
 (every column materialised, ``format("noop")``) on the ``ketten`` source and
-on a Parquet copy of the same DataFrame. Reports events/s and the ratio
-ketten / Parquet (target for the full scan with ``verify=links``: >= 1/3).
+on a Parquet copy of the same DataFrame, in interleaved rounds. Reports
+events/s of the best round and the ratio ketten / Parquet of the best times
+(target for the full scan with ``verify=links``: >= 1/3), and the median of
+the rounds' ratios.
 ``--data`` keeps the generated store to reuse it in the next run.
 """
 
@@ -17,6 +19,7 @@ import argparse
 import multiprocessing
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -85,14 +88,14 @@ def best_of(runs: int, action: Callable[[], object]) -> float:
     return min(timed(action) for _ in range(runs))
 
 
-def best_interleaved(runs: int, *actions: Callable[[], object]) -> list[float]:
-    """Best time of each action over ``runs`` rounds that run every action once, in turn,
-    so that load from elsewhere on the machine hits all of them alike."""
-    best = [float("inf")] * len(actions)
+def interleaved(runs: int, *actions: Callable[[], object]) -> list[list[float]]:
+    """The times of each action over ``runs`` rounds that run every action once, in
+    turn, so that load from elsewhere on the machine hits all of them alike."""
+    times: list[list[float]] = [[] for _ in actions]
     for _ in range(runs):
         for i, action in enumerate(actions):
-            best[i] = min(best[i], timed(action))
-    return best
+            times[i].append(timed(action))
+    return times
 
 
 def main() -> None:
@@ -140,21 +143,23 @@ def main() -> None:
             ("groupBy(criterion).count()", grouped),
             ("full scan", full_scan),
         ]
-        print(f"\n{rows:,} events, Spark local[2], best of {args.runs} interleaved rounds, "
+        print(f"\n{rows:,} events, Spark local[2], {args.runs} interleaved rounds, "
               f"{'compiled' if COMPILED_DECODER else 'numpy'} decoder")
         print(f"{'operation':<30}{'ketten s':>10}{'ev/s':>12}{'parquet s':>11}{'ev/s':>12}"
-              f"{'ratio':>8}")
+              f"{'ratio':>8}{'median':>8}")
         for label, operation in operations:
-            ours, theirs = best_interleaved(
+            ours_all, theirs_all = interleaved(
                 args.runs, lambda op=operation: op(source), lambda op=operation: op(parquet)
             )
+            ours, theirs = min(ours_all), min(theirs_all)
+            median = statistics.median(t / o for t, o in zip(theirs_all, ours_all))
             print(f"{label:<30}{ours:>10.2f}{rows / ours:>12,.0f}{theirs:>11.2f}"
-                  f"{rows / theirs:>12,.0f}{theirs / ours:>8.2f}")
+                  f"{rows / theirs:>12,.0f}{theirs / ours:>8.2f}{median:>8.2f}")
         for verify in [m for m in args.modes.split(",") if m]:
             seconds = best_of(1, lambda v=verify: full_scan(ketten_df(v)))
             print(f"{'full scan, verify=' + verify:<30}{seconds:>10.2f}{rows / seconds:>12,.0f}")
-        print("ratio = ketten throughput / Parquet throughput (target for the full scan "
-              "with verify=links: >= 0.33)")
+        print("ratio = ketten throughput / Parquet throughput, best times (target for the "
+              "full scan with verify=links: >= 0.33); median = median of the rounds' ratios")
     finally:
         spark.stop()
         shutil.rmtree(scratch, ignore_errors=True)
