@@ -9,8 +9,9 @@ the store records), so a damaged event never reaches a DataFrame, not even
 as the last row before the damage. Since that proves every stored record,
 the store is read with ``check=False`` (each hash is computed once); when a
 damage is found, a checked read of the unconfirmed events names the damaged
-record as the store sees it. ``verify=none`` checks structure only: neither
-links nor the store's record hashes.
+record as the store sees it. ``verify=none`` checks structure only: no
+links and no record hashes (what a store checks while reading anyway, such
+as the file store's frame checksums, still applies).
 """
 
 from __future__ import annotations
