@@ -13,7 +13,7 @@ from typing import Any
 
 import attrs
 
-from ketten import _codec
+from ketten import wire as _codec
 from ketten.errors import DecodeError
 
 __all__ = [
@@ -94,12 +94,12 @@ def encode_frame(frame: Frame) -> bytes:
     if isinstance(frame, Hello | Auth | Refuse):
         body = encode_body(frame)  # the handshake transcript covers these bytes
     else:
-        body = _codec.dumps_wire(_fields(frame))
+        body = _codec.dumps(_fields(frame))
     return HEADER.pack(len(body)) + body
 
 
 def encode_body(frame: Frame) -> bytes:
-    return _codec.dumps(_fields(frame))
+    return _codec.dumps_canonical(_fields(frame))
 
 
 def _fields(frame: Frame) -> list[Any]:

@@ -17,10 +17,9 @@ import hashlib
 
 import attrs
 
-from ketten._identity import Identity, verify_signature
+from ketten import Identity, puzzle_ok, verify_signature
 from ketten.errors import ProtocolError
 from ketten.interfaces import Peer
-from ketten.plugins._kademlia_ids import puzzle_ok
 
 from ._framing import Auth, Frame, Hello, Refuse, encode_body
 

@@ -47,7 +47,7 @@ import attrs
 import trio
 
 from ketten import hookimpl
-from ketten._identity import Identity
+from ketten import Identity
 from ketten.errors import (
     ConfigError,
     DecodeError,

@@ -20,7 +20,7 @@ import trio
 import ketten
 from ketten import NodeConfig, open_node
 from ketten.adapters.memory import MemoryNetwork
-from ketten.plugins._kademlia_sim import Simulation
+from ketten.plugins.kademlia._sim import Simulation
 
 
 def percentile(values: list[int], q: float) -> int:

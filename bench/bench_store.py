@@ -25,8 +25,8 @@ import trio
 
 from ketten import Event, Identity, criterion_key
 from ketten.interfaces import Store
-from ketten.plugins import _file_format as fmt
-from ketten.plugins._sqlite_schema import SCHEMA_V1
+from ketten.plugins.file_store import _format as fmt
+from ketten.plugins.sqlite_store._schema import SCHEMA_V1
 from ketten.plugins.file_store import FileReader, FileStore
 from ketten.plugins.sqlite_store import SqliteReader, SqliteStore
 

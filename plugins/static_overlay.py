@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ketten import _codec, hookimpl
-from ketten._wire import field
+from ketten import hookimpl, wire
+from ketten.wire import field
 from ketten.errors import ConfigError, DecodeError, KettenError, ProtocolError
 from ketten.interfaces import Peer
 
@@ -170,7 +170,7 @@ class StaticOverlay:
         if raw is None:
             return
         try:
-            entries = _codec.loads(raw, max_size=1 << 20, where="static overlay members")
+            entries = wire.loads(raw, max_size=1 << 20, where="static overlay members")
             if type(entries) is not list:
                 raise DecodeError("expected a list", where="static overlay members")
             for entry in entries:
@@ -188,7 +188,7 @@ class StaticOverlay:
             return
         self._dirty = False
         entries = [[m.peer.address, m.peer.public_key] for m in self._members.values()]
-        await self.node.store.put_cursor(_CURSOR, _codec.dumps(entries))
+        await self.node.store.put_cursor(_CURSOR, wire.dumps_canonical(entries))
 
     def _learn(self, known: Any, where: str) -> None:
         if type(known) is not list or len(known) > _MAX_KNOWN:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ketten import hookimpl
-from ketten._codec import MAX_UINT
+from ketten.wire import MAX_UINT
 from ketten.errors import ConfigError, UsageError
 from ketten.interfaces import ClockOrder
 

@@ -6,9 +6,9 @@ hash-linked chain replicated on the overlay nodes closest to its key.
 
 from __future__ import annotations
 
-from . import errors, hookspecs, interfaces
+from . import errors, hookspecs, interfaces, wire
 from ._agent import Agent
-from ._chain import (
+from ._core.chain import (
     AncestorSearch,
     Chain,
     Fork,
@@ -23,8 +23,16 @@ from ._chain import (
     scan_encoded_chain,
 )
 from ._config import NodeConfig
-from ._event import DEFAULT_MAX_EVENT_SIZE, Event
-from ._identity import Identity, criterion_key, node_id_of, verify_signature
+from ._core.event import DEFAULT_MAX_EVENT_SIZE, Event
+from ._core.identity import (
+    Identity,
+    criterion_key,
+    leading_zero_bits,
+    node_id_of,
+    puzzle_ok,
+    solve_puzzle,
+    verify_signature,
+)
 from ._node import Node, NodeStatistics, open_node
 from ._plugins import installed_names, plugin_manager
 from ._subscriptions import (
@@ -113,9 +121,13 @@ __all__ = [
     "installed_names",
     "interfaces",
     "make_locator",
+    "leading_zero_bits",
     "node_id_of",
     "open_node",
     "plugin_manager",
+    "puzzle_ok",
     "scan_encoded_chain",
+    "solve_puzzle",
     "verify_signature",
+    "wire",
 ]

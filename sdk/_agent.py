@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from ._identity import Identity
+from ._core.identity import Identity
 from .errors import DecodeError, StoreError, UsageError
 
 if TYPE_CHECKING:
-    from ._event import Event
+    from ._core.event import Event
     from ._node import Node
     from ._publisher import ConflictHandler
 

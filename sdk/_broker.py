@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ._chain import Verify, check_successor
-from ._event import Event
+from ._core.chain import Verify, check_successor
+from ._core.event import Event
 from ._offers import MAX_BATCH_OFFERS
 from ._replication import Verdict, judge_offer
 from ._sync import Replicator, decode_pair

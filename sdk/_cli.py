@@ -6,8 +6,8 @@ import argparse
 import sys
 from collections.abc import Iterator, Sequence
 
-from ._chain import Verify, scan_encoded_chain
-from ._identity import Identity
+from ._core.chain import Verify, scan_encoded_chain
+from ._core.identity import Identity
 from ._plugins import KINDS, installed_names, plugin_manager
 from .errors import KettenError
 from .interfaces import StoreReader

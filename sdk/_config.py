@@ -7,8 +7,8 @@ from typing import Any
 
 import attrs
 
-from ._event import DEFAULT_MAX_EVENT_SIZE
-from ._identity import Identity
+from ._core.event import DEFAULT_MAX_EVENT_SIZE
+from ._core.identity import Identity
 from .errors import ConfigError
 
 __all__ = ["NodeConfig"]

@@ -12,10 +12,10 @@ import pluggy
 import trio
 
 from ._broker import Broker
-from ._chain import Chain, Verify, WriterPolicy, check_successor
+from ._core.chain import Chain, Verify, WriterPolicy, check_successor
 from ._config import NodeConfig
-from ._event import Event
-from ._identity import Identity, criterion_key
+from ._core.event import Event
+from ._core.identity import Identity, criterion_key
 from ._plugins import make_plugin, plugin_manager
 from ._publisher import ConflictHandler, Publisher
 from ._subscriptions import (

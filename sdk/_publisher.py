@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ._event import Event
-from ._identity import Identity
+from ._core.event import Event
+from ._core.identity import Identity
 from ._offers import OfferBatcher
 from ._replication import Outcome, PublishTally, backoff_delay, majority, pick_base
 from ._sync import Replicator, encode_pair

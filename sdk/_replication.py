@@ -27,8 +27,8 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from ._chain import choose_branch
-from ._event import Event
+from ._core.chain import choose_branch
+from ._core.event import Event
 
 __all__ = [
     "Outcome",

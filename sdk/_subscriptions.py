@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ._event import Event
-from ._identity import criterion_key
-from ._leases import MAX_TTL_MS, SID_SIZE, CursorState, Lease, LeaseTable, Reports, confirmed_seq
+from ._core.event import Event
+from ._core.identity import criterion_key
+from ._core.leases import MAX_TTL_MS, SID_SIZE, CursorState, Lease, LeaseTable, Reports, confirmed_seq
 from ._plugins import make_plugin
 from ._replication import majority
 from ._sync import Replicator, decode_pair, encode_pair

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ._chain import AncestorSearch, Verify, WriterPolicy, check_successor
-from ._event import Event
+from ._core.chain import AncestorSearch, Verify, WriterPolicy, check_successor
+from ._core.event import Event
 from ._replication import OtherBranch, choose_at, majority
 from ._wire import field
 from .errors import (

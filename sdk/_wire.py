@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _codec
+from ._core import codec as _codec
 from .errors import DecodeError
 
 __all__ = ["MAX_MESSAGE_SIZE", "decode_message", "encode_message"]

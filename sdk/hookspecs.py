@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from ._event import Event
+    from ._core.event import Event
     from ._node import Node
     from .interfaces import Clock, Delivery, Overlay, Peer, Store, StoreReader, Transport
 

@@ -14,8 +14,8 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 import trio
 
-from ._event import Event
-from ._identity import node_id_of
+from ._core.event import Event
+from ._core.identity import node_id_of
 
 __all__ = [
     "Clock",

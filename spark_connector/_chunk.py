@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ketten._chain import ScannedEvent, Verify, WriterPolicy, scan_encoded_chain
+from ketten._core.chain import ScannedEvent, Verify, WriterPolicy, scan_encoded_chain
 from ketten.errors import DecodeError, InvalidEvent, KettenError
 
 from ._arrow import build_batch, run_batch

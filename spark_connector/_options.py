@@ -9,8 +9,8 @@ from collections.abc import Mapping
 
 import attrs
 
-from ketten._chain import Verify
-from ketten._identity import criterion_key
+from ketten._core.chain import Verify
+from ketten._core.identity import criterion_key
 from ketten.errors import UsageError
 
 __all__ = ["DEFAULT_BATCH_ROWS", "DEFAULT_PARTITION_EVENTS", "ReadOptions", "peer_copy"]

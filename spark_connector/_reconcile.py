@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 
 import attrs
 
-from ketten._chain import choose_branch
+from ketten._core.chain import choose_branch
 
 __all__ = ["ChainView", "reconcile"]
 

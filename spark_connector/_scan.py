@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ketten._chain import Verify, WriterPolicy
-from ketten._event import decode_fields, signed_part
-from ketten._identity import verify_signature
+from ketten._core.chain import Verify, WriterPolicy
+from ketten._core.event import decode_fields, signed_part
+from ketten._core.identity import verify_signature
 from ketten.errors import DecodeError, InvalidEvent, InvalidSignature, KettenError, StoreCorrupted
 from ketten.interfaces import StoreReader
 

@@ -9,7 +9,7 @@ import attrs
 import pytest
 
 from ketten import Event, Identity, criterion_key
-from ketten._codec import dumps
+from ketten._core.codec import dumps
 from ketten.errors import ConfigError, HoldbackFull, UsageError
 from ketten.interfaces import Delivery
 from ketten.plugins.causal_delivery import CausalDelivery, make_causal_delivery

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ketten import DecodeError, Identity, NodeConfig, open_node, plugin_manager
-from ketten._codec import dumps
+from ketten._core.codec import dumps
 from ketten._plugins import installed_names
 from ketten.adapters.memory import MemoryNetwork
 from ketten.errors import ConfigError, UsageError

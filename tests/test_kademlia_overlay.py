@@ -18,7 +18,7 @@ import ketten
 from ketten import ConfigError, DecodeError, Identity, NodeConfig, ProtocolError, open_node
 from ketten.adapters.memory import MemoryNetwork
 from ketten.interfaces import Overlay, Peer
-from ketten.plugins._kademlia_ids import puzzle_ok, solve_puzzle
+from ketten.plugins.kademlia._ids import puzzle_ok, solve_puzzle
 from ketten.plugins.kademlia import KademliaOptions, KademliaOverlay
 
 

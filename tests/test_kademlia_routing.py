@@ -12,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from ketten.errors import UsageError
 from ketten.interfaces import Peer
-from ketten.plugins._kademlia_ids import (
+from ketten.plugins.kademlia._ids import (
     ID_BITS,
     Contact,
     bucket_index,
@@ -21,8 +21,8 @@ from ketten.plugins._kademlia_ids import (
     puzzle_ok,
     solve_puzzle,
 )
-from ketten.plugins._kademlia_lookup import Lookup
-from ketten.plugins._kademlia_routing import Outcome, RoutingTable
+from ketten.plugins.kademlia._lookup import Lookup
+from ketten.plugins.kademlia._routing import Outcome, RoutingTable
 
 
 def contact(seed: int) -> Contact:

@@ -1,7 +1,7 @@
 """Kademlia networks of 1,000 and 10,000 nodes in virtual time.
 
 Approach: a deterministic discrete-event driver
-(:class:`ketten.plugins._kademlia_sim.Simulation`) runs the very routing
+(:class:`ketten.plugins.kademlia._sim.Simulation`) runs the very routing
 tables and lookup state machines the trio overlay uses, with an event queue
 instead of a transport: messages take 10-20 ms of virtual time, requests to
 departed nodes time out after 1 s, and every random choice comes from one
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from ketten.plugins._kademlia_sim import SimNode, Simulation
+from ketten.plugins.kademlia._sim import SimNode, Simulation
 
 
 def success(sim: Simulation, pairs: list[tuple[SimNode, int]], *, paths: int = 1) -> float:

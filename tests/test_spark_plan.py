@@ -16,8 +16,8 @@ import trio
 
 import ketten
 from ketten import Event, Identity, NodeConfig, criterion_key, open_node
-from ketten._chain import scan_encoded_chain
-from ketten._event import decode_fields
+from ketten._core.chain import scan_encoded_chain
+from ketten._core.event import decode_fields
 from ketten.errors import DecodeError, PeerUnreachable, UsageError
 
 datasource = pytest.importorskip("pyspark.sql.datasource")

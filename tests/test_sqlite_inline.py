@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ketten.errors import ConfigError
-from ketten.plugins._sqlite_inline import InlineCommits
+from ketten.plugins.sqlite_store._inline import InlineCommits
 from ketten.plugins.sqlite_store import ketten_make_store
 
 

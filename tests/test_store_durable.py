@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ketten import Event, Identity, NodeConfig, Verify, criterion_key, open_node, plugin_manager
-from ketten._chain import scan_encoded_chain
+from ketten._core.chain import scan_encoded_chain
 from ketten.adapters.memory import MemoryNetwork
 from ketten.errors import BrokenLink, ConfigError, StoreCorrupted, StoreError, StoreFormatError
 from ketten.interfaces import Store, StoreReader

@@ -12,7 +12,7 @@ import trio
 from test_replication import Cluster
 
 from ketten import Event, criterion_key
-from ketten._leases import CursorState, Lease, LeaseTable, confirmed_seq
+from ketten._core.leases import CursorState, Lease, LeaseTable, confirmed_seq
 from ketten._node import Node
 from ketten.adapters.memory import Faults, MemoryNetwork
 from ketten.errors import DecodeError, KettenError, UsageError

@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from ketten import Event, NodeConfig, criterion_key, open_node, plugin_manager
-from ketten._leases import CursorState
+from ketten._core.leases import CursorState
 from ketten._node import Node
 from ketten.errors import KettenError
 from ketten.plugins.sqlite_store import SqliteStore

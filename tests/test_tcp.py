@@ -146,7 +146,7 @@ async def test_requests_messages_errors_and_reuse() -> None:
         with trio.fail_after(5):
             await arrived.wait()
         assert inbox == [(a.identity.public_key, "hello")]
-        reply = await a.transport.request(b.address, ketten._wire.encode_message("echo", 1))
+        reply = await a.transport.request(b.address, ketten.wire.encode_message("echo", 1))
         assert reply.peer == Peer(b.address, b.identity.public_key)
         stats = a.transport.statistics()
         assert stats.connections_dialed == 1 and stats.requests_sent >= 27
@@ -189,7 +189,7 @@ async def test_mismatched_network_parameters_are_refused_and_logged(
 
     watcher = BothSides(logging.WARNING)
     logging.getLogger("ketten.tcp").addHandler(watcher)
-    identity = ketten.plugins._kademlia_ids.solve_puzzle(1, random.Random(5))
+    identity = ketten.plugins.kademlia._ids.solve_puzzle(1, random.Random(5))
     try:
         async with tcp_node() as a, tcp_node(identity=identity, **theirs) as b:
             echo_services(b, [])
@@ -275,8 +275,8 @@ def mutate(data: bytes, edits: list[tuple[int, int, int]]) -> bytes:
 
 
 valid_frames = [
-    encode_frame(Request(1, ketten._wire.encode_message("echo", [1, 2]))),
-    encode_frame(Message(ketten._wire.encode_message("inbox", "x"))),
+    encode_frame(Request(1, ketten.wire.encode_message("echo", [1, 2]))),
+    encode_frame(Message(ketten.wire.encode_message("inbox", "x"))),
     encode_frame(Reply(5, b"abc")),
 ]
 
@@ -426,7 +426,7 @@ async def test_stalled_frames_and_idle_peers_are_closed_busy_ones_kept() -> None
         node.register_service("slow", slow)
         stalled, answer = await raw_connect(node.address)
         assert isinstance(answer, Auth)
-        frame = encode_frame(Request(1, ketten._wire.encode_message("echo", "x" * 50)))
+        frame = encode_frame(Request(1, ketten.wire.encode_message("echo", "x" * 50)))
         await stalled.stream.send_all(frame[:30])
         idle, answer = await raw_connect(node.address)
         assert isinstance(answer, Auth)

@@ -14,7 +14,7 @@ import trio
 import trio.testing
 
 from .._config import NodeConfig
-from .._identity import Identity
+from .._core.identity import Identity
 from .._node import Node, open_node
 from .._plugins import plugin_manager
 from ..errors import UsageError

@@ -8,9 +8,9 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
-from .._chain import Chain, Verify
-from .._event import Event
-from .._identity import Identity
+from .._core.chain import Chain, Verify
+from .._core.event import Event
+from .._core.identity import Identity
 from ..errors import StoreConflict, StoreError
 from ..interfaces import Store
 

@@ -12,7 +12,7 @@ import pluggy
 import trio
 
 from .._config import NodeConfig
-from .._identity import Identity
+from .._core.identity import Identity
 from .._node import Node, open_node
 from .._plugins import plugin_manager
 

@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 
 import attrs
 
-from .._chain import Chain, Verify
-from .._event import Event
+from .._core.chain import Chain, Verify
+from .._core.event import Event
 from ..errors import KettenError
 
 __all__ = ["CheckResult", "FaultRecord", "ForkRecord", "History", "Op", "Snapshot", "check"]

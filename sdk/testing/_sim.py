@@ -33,8 +33,8 @@ import trio.testing
 
 from .._agent import Agent
 from .._config import NodeConfig
-from .._event import Event
-from .._identity import Identity
+from .._core.event import Event
+from .._core.identity import Identity
 from .._node import Node, open_node
 from .._plugins import plugin_manager
 from ..errors import KettenError

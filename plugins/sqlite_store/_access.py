@@ -15,7 +15,7 @@ from hashlib import sha256
 from ketten import Event
 from ketten.errors import DecodeError, StoreCorrupted
 
-from ._store_records import event_prefix, find_in_files, uint_bytes
+from .._store_records import event_prefix, find_in_files, uint_bytes
 
 __all__ = [
     "MAX_SEQ", "damaged", "decode_checked", "iter_main", "iter_main_unchecked", "iter_orphans",

@@ -22,7 +22,7 @@ import attrs
 
 from ketten.errors import UsageError
 
-from ._kademlia_ids import Contact
+from ._ids import Contact
 
 __all__ = ["Lookup", "LookupStatistics", "Query"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import random
 import stat
 from pathlib import Path
 
@@ -13,9 +14,17 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from nacl.bindings import crypto_sign_open
 from nacl.exceptions import CryptoError
 
-from .errors import ConfigError, DecodeError, UsageError
+from ..errors import ConfigError, DecodeError, UsageError
 
-__all__ = ["Identity", "criterion_key", "node_id_of", "verify_signature"]
+__all__ = [
+    "Identity",
+    "criterion_key",
+    "leading_zero_bits",
+    "node_id_of",
+    "puzzle_ok",
+    "solve_puzzle",
+    "verify_signature",
+]
 
 PUBLIC_KEY_SIZE = 32
 SIGNATURE_SIZE = 64
@@ -152,3 +161,26 @@ class Identity:
 
     def __repr__(self) -> str:
         return f"Identity(node_id={self.node_id.hex()[:16]}...)"
+
+
+def leading_zero_bits(data: bytes) -> int:
+    value = int.from_bytes(data, "big")
+    return len(data) * 8 - value.bit_length()
+
+
+def puzzle_ok(node_id: bytes, difficulty: int) -> bool:
+    """S/Kademlia static puzzle: ``H(node_id) = H(H(pubkey))`` has ``difficulty`` leading zeros."""
+    if difficulty <= 0:
+        return True
+    return leading_zero_bits(hashlib.sha256(node_id).digest()) >= difficulty
+
+
+def solve_puzzle(difficulty: int, rng: random.Random | None = None) -> Identity:
+    """Generate identities until one solves the puzzle (about ``2**difficulty`` tries).
+
+    With ``rng`` the search is deterministic (identities come from its seeds).
+    """
+    while True:
+        identity = Identity.generate() if rng is None else Identity.from_seed(rng.randbytes(32))
+        if puzzle_ok(identity.node_id, difficulty):
+            return identity

@@ -27,9 +27,9 @@ import attrs
 
 from ketten.interfaces import Peer
 
-from ._kademlia_ids import Contact
-from ._kademlia_lookup import Lookup, Query
-from ._kademlia_routing import RoutingTable
+from ._ids import Contact
+from ._lookup import Lookup, Query
+from ._routing import RoutingTable
 
 __all__ = ["SimNode", "Simulation"]
 

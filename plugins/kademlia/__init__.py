@@ -39,7 +39,7 @@ import attrs
 import trio
 
 from ketten import hookimpl
-from ketten._wire import decode_message, encode_message, field
+from ketten.wire import decode_message, encode_message, field
 from ketten.errors import (
     ConfigError,
     DecodeError,
@@ -51,9 +51,9 @@ from ketten.errors import (
 )
 from ketten.interfaces import Peer
 
-from ._kademlia_ids import Contact, puzzle_ok
-from ._kademlia_lookup import Lookup, Query
-from ._kademlia_routing import Observation, Outcome, RoutingTable
+from ._ids import Contact, puzzle_ok
+from ._lookup import Lookup, Query
+from ._routing import Observation, Outcome, RoutingTable
 
 if TYPE_CHECKING:
     from ketten import Node

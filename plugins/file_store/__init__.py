@@ -43,9 +43,9 @@ from ketten.errors import (
     StoreFormatError,
 )
 
-from . import _file_format as fmt
-from ._file_index import Index, Loc
-from ._file_read import (
+from . import _format as fmt
+from ._index import Index, Loc
+from ._read import (
     SegmentFiles,
     load_index,
     read_main,
@@ -54,7 +54,7 @@ from ._file_read import (
     read_orphans,
     snapshot,
 )
-from ._store_records import DirLock, atomic_write, fsync_dir, store_path
+from .._store_records import DirLock, atomic_write, fsync_dir, store_path
 
 if TYPE_CHECKING:
     from ketten import Node

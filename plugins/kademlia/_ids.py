@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
 import random
 
 import attrs
 
-from ketten._identity import Identity
+from ketten import leading_zero_bits, puzzle_ok, solve_puzzle
 from ketten.errors import UsageError
 from ketten.interfaces import Peer
 
@@ -53,26 +52,3 @@ def id_in_bucket(own: int, index: int, rng: random.Random) -> int:
     low = rng.getrandbits(ID_BITS - 1 - index) if index < ID_BITS - 1 else 0
     keep = ~((flip << 1) - 1) & ((1 << ID_BITS) - 1)
     return (own & keep) | ((own ^ flip) & flip) | low
-
-
-def leading_zero_bits(data: bytes) -> int:
-    value = int.from_bytes(data, "big")
-    return len(data) * 8 - value.bit_length()
-
-
-def puzzle_ok(node_id: bytes, difficulty: int) -> bool:
-    """S/Kademlia static puzzle: ``H(node_id) = H(H(pubkey))`` has ``difficulty`` leading zeros."""
-    if difficulty <= 0:
-        return True
-    return leading_zero_bits(hashlib.sha256(node_id).digest()) >= difficulty
-
-
-def solve_puzzle(difficulty: int, rng: random.Random | None = None) -> Identity:
-    """Generate identities until one solves the puzzle (about ``2**difficulty`` tries).
-
-    With ``rng`` the search is deterministic (identities come from its seeds).
-    """
-    while True:
-        identity = Identity.generate() if rng is None else Identity.from_seed(rng.randbytes(32))
-        if puzzle_ok(identity.node_id, difficulty):
-            return identity

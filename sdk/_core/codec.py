@@ -11,7 +11,7 @@ from typing import Any
 
 import cbor2
 
-from .errors import DecodeError
+from ..errors import DecodeError
 
 __all__ = ["MAX_UINT", "dumps", "dumps_wire", "head_size", "loads", "loads_prefix"]
 

@@ -23,7 +23,7 @@ import attrs
 
 from ketten.errors import UsageError
 
-from ._kademlia_ids import ID_BITS, Contact, bucket_index, id_in_bucket, puzzle_ok
+from ._ids import ID_BITS, Contact, bucket_index, id_in_bucket, puzzle_ok
 
 __all__ = ["Observation", "Outcome", "RoutingTable", "TableStatistics"]
 

@@ -17,7 +17,7 @@ Options (``NodeConfig.options["store"]``):
     under this limit (single ones may take longer); once it is over, commits
     go to the worker thread for 5 seconds, so a disk that syncs slowly
     stalls the event loop for at most eight commits every 5 seconds
-    (:mod:`ketten.plugins._sqlite_inline`).
+    (:mod:`ketten.plugins.sqlite_store._inline`).
 
 The database runs in WAL mode with ``synchronous=FULL``: a transaction is on
 disk before its commit returns, so an append is durable when it returns.
@@ -31,7 +31,7 @@ through :class:`SqliteReader` (the ``ketten_open_store_reader`` hook) while
 a node writes.
 
 Heads, the last events of each chain and chains' command indexes are kept
-in memory (:mod:`ketten.plugins._sqlite_cache`), changed only after a
+in memory (:mod:`ketten.plugins.sqlite_store._cache`), changed only after a
 commit, so ``head``, ``heads``, ``range`` near the head and most
 ``by_command`` calls need no thread at all; a read from disk returns only
 once memory holds every commit its snapshot saw. Every event read is checked against its stored hash and position;
@@ -56,7 +56,7 @@ import trio
 from ketten import Event, hookimpl
 from ketten.errors import ConfigError, StoreConflict, StoreError, StoreFormatError
 
-from ._sqlite_access import (
+from ._access import (
     MAX_SEQ,
     decode_checked,
     iter_main,
@@ -64,10 +64,10 @@ from ._sqlite_access import (
     iter_orphans,
     read_main,
 )
-from ._sqlite_cache import ChainCache
-from ._sqlite_inline import InlineCommits
-from ._sqlite_schema import DB_NAME, check_existing, corrupted, migrate, owns_directory
-from ._store_records import DirLock, store_path
+from ._cache import ChainCache
+from ._inline import InlineCommits
+from ._schema import DB_NAME, check_existing, corrupted, migrate, owns_directory
+from .._store_records import DirLock, store_path
 
 if TYPE_CHECKING:
     from ketten import Node
