@@ -46,8 +46,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ketten import hookimpl
-from ketten import Identity
+from ketten import Identity, hookimpl
 from ketten.errors import (
     ConfigError,
     DecodeError,

@@ -24,10 +24,10 @@ from typing import NoReturn
 import attrs
 from cbor2 import loads as _cbor_loads
 
-from ketten.wire import MAX_UINT, head_size
-from ketten.wire import dumps_canonical as dumps
 from ketten.errors import DecodeError
 from ketten.interfaces import ClockOrder
+from ketten.wire import MAX_UINT, head_size
+from ketten.wire import dumps_canonical as dumps
 
 __all__ = [
     "AUTHOR_SIZE",

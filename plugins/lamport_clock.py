@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ketten import hookimpl
-from ketten.wire import MAX_UINT, head_size, loads
-from ketten.wire import dumps_canonical as dumps
 from ketten.errors import ConfigError, DecodeError, UsageError
 from ketten.interfaces import ClockOrder
+from ketten.wire import MAX_UINT, head_size, loads
+from ketten.wire import dumps_canonical as dumps
 
 if TYPE_CHECKING:
     from ketten import Node

@@ -171,6 +171,12 @@ class MemoryStore:
         await trio.lowlevel.checkpoint()
 
 
+    async def cursors(self, prefix: str) -> dict[str, bytes]:
+        self._check_open()
+        await trio.lowlevel.checkpoint()
+        return {k: v for k, v in sorted(self._backing.cursors.items()) if k.startswith(prefix)}
+
+
 @hookimpl
 def ketten_plugin_names() -> Mapping[str, list[str]]:
     return {"store": ["memory"]}

@@ -32,9 +32,9 @@ import attrs
 import trio
 
 from ketten import hookimpl, wire
-from ketten.wire import field
 from ketten.errors import ConfigError, DecodeError, KettenError, ProtocolError
 from ketten.interfaces import Peer
+from ketten.wire import field
 
 if TYPE_CHECKING:
     from ketten import Node
@@ -104,6 +104,10 @@ class StaticOverlay:
 
     async def closest(self, key: bytes, count: int) -> list[Peer]:
         await trio.lowlevel.checkpoint()
+        return self.nearest(key, count)
+
+    def nearest(self, key: bytes, count: int) -> list[Peer]:
+        """The ``count`` members closest to ``key`` that are not evicted, this node included."""
         now = trio.current_time()
         me = Peer(self.node.address, self.node.identity.public_key)
         ranked: list[tuple[int, Peer]] = [
@@ -116,6 +120,11 @@ class StaticOverlay:
             ranked.append((distance, member.peer))
         ranked.sort(key=lambda item: item[0])
         return [peer for _, peer in ranked[:count]]
+
+    def address_of(self, public_key: bytes) -> str | None:
+        """Where the member with this key was last reached, if it is known."""
+        member = self._members.get(public_key)
+        return None if member is None else member.peer.address
 
     def members(self) -> list[Peer]:
         """Every member this node knows, up or down (not itself)."""

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ketten import hookimpl
-from ketten.wire import MAX_UINT
 from ketten.errors import ConfigError, UsageError
 from ketten.interfaces import ClockOrder
+from ketten.wire import MAX_UINT
 
 from ._clock_vector import (
     AUTHOR_SIZE,

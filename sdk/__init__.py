@@ -7,7 +7,6 @@ hash-linked chain replicated on the overlay nodes closest to its key.
 from __future__ import annotations
 
 from . import errors, hookspecs, interfaces, wire
-from ._agent import Agent
 from ._core.chain import (
     AncestorSearch,
     Chain,
@@ -22,7 +21,6 @@ from ._core.chain import (
     make_locator,
     scan_encoded_chain,
 )
-from ._config import NodeConfig
 from ._core.event import DEFAULT_MAX_EVENT_SIZE, Event
 from ._core.identity import (
     Identity,
@@ -33,15 +31,18 @@ from ._core.identity import (
     solve_puzzle,
     verify_signature,
 )
-from ._node import Node, NodeStatistics, open_node
-from ._plugins import installed_names, plugin_manager
-from ._subscriptions import (
+from ._core.membership import ChainConfig, Member
+from ._node.agent import Agent
+from ._node.config import NodeConfig
+from ._node.feeds import (
     BrokerSubscriptionStatistics,
     DurableSubscription,
     Subscription,
     SubscriptionStatistics,
 )
-from ._sync import ReplicationStatistics
+from ._node.node import Node, NodeStatistics, open_node
+from ._node.plugins import installed_names, plugin_manager
+from ._node.replicator import ReplicationStatistics
 from .errors import (
     BrokenLink,
     CommandIdReused,
@@ -55,6 +56,7 @@ from .errors import (
     PeerUnreachable,
     PluginNotFound,
     ProtocolError,
+    PublishOutcomeUnknown,
     QuorumUnavailable,
     RemoteError,
     StoreConflict,
@@ -76,6 +78,7 @@ __all__ = [
     "BrokenLink",
     "BrokerSubscriptionStatistics",
     "Chain",
+    "ChainConfig",
     "CommandIdReused",
     "ConfigError",
     "DecodeError",
@@ -88,6 +91,7 @@ __all__ = [
     "InvalidEvent",
     "InvalidSignature",
     "KettenError",
+    "Member",
     "Node",
     "NodeConfig",
     "NodeStatistics",
@@ -95,6 +99,7 @@ __all__ = [
     "Placement",
     "PluginNotFound",
     "ProtocolError",
+    "PublishOutcomeUnknown",
     "QuorumUnavailable",
     "RemoteError",
     "ReplicationStatistics",
@@ -120,8 +125,8 @@ __all__ = [
     "hookspecs",
     "installed_names",
     "interfaces",
-    "make_locator",
     "leading_zero_bits",
+    "make_locator",
     "node_id_of",
     "open_node",
     "plugin_manager",

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 
 from ._core.chain import Verify, scan_encoded_chain
 from ._core.identity import Identity
-from ._plugins import KINDS, installed_names, plugin_manager
+from ._node.plugins import KINDS, installed_names, plugin_manager
 from .errors import KettenError
 from .interfaces import StoreReader
 

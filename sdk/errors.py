@@ -31,6 +31,7 @@ __all__ = [
     "PeerUnreachable",
     "PluginNotFound",
     "ProtocolError",
+    "PublishOutcomeUnknown",
     "QuorumUnavailable",
     "RemoteError",
     "StoreConflict",
@@ -166,10 +167,24 @@ class PeerUnreachable(Unavailable):
 
 
 class QuorumUnavailable(Unavailable):
-    """Fewer than a majority of the brokers of a criterion answered in time.
+    """Not enough brokers of a criterion answered in time.
 
-    Nothing was acknowledged: the operation may be retried.
+    For a publish: no broker stored the event, so nothing can be applied
+    later; publishing again is safe.
     """
+
+
+class PublishOutcomeUnknown(Unavailable):
+    """A publish gave up while some broker may hold its event.
+
+    The event may still be committed later, or may never be. Settle it by
+    publishing again with the same command id (it is applied at most once),
+    or by waiting for one of ``event_hashes`` to appear in the chain.
+    """
+
+    def __init__(self, message: str, *, event_hashes: tuple[bytes, ...] = ()) -> None:
+        self.event_hashes = event_hashes
+        super().__init__(message)
 
 
 class StoreError(KettenError):

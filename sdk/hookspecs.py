@@ -23,10 +23,33 @@ import pluggy
 
 if TYPE_CHECKING:
     from ._core.event import Event
-    from ._node import Node
-    from .interfaces import Clock, Delivery, Overlay, Peer, Store, StoreReader, Transport
+    from .interfaces import (
+        Clock,
+        Delivery,
+        NodeContext,
+        Overlay,
+        Peer,
+        Store,
+        StoreReader,
+        Transport,
+    )
 
-__all__ = ["hookimpl", "hookspec"]
+__all__ = [
+    "hookimpl",
+    "hookspec",
+    "ketten_event_appended",
+    "ketten_fork_resolved",
+    "ketten_make_clock",
+    "ketten_make_delivery",
+    "ketten_make_overlay",
+    "ketten_make_store",
+    "ketten_make_transport",
+    "ketten_node_started",
+    "ketten_node_stopping",
+    "ketten_open_store_reader",
+    "ketten_peer_joined",
+    "ketten_plugin_names",
+]
 
 hookspec = pluggy.HookspecMarker("ketten")
 hookimpl = pluggy.HookimplMarker("ketten")
@@ -43,7 +66,7 @@ def ketten_plugin_names() -> Mapping[str, Sequence[str]]:
 
 
 @hookspec(firstresult=True)
-def ketten_make_transport(name: str, options: Mapping[str, Any], node: Node) -> Transport | None:
+def ketten_make_transport(name: str, options: Mapping[str, Any], node: NodeContext) -> Transport | None:
     """Build the transport called ``name``, or return ``None`` if it is not yours.
 
     Called once per node while it opens; the first non-``None`` result is used.
@@ -53,7 +76,7 @@ def ketten_make_transport(name: str, options: Mapping[str, Any], node: Node) -> 
 
 
 @hookspec(firstresult=True)
-def ketten_make_store(name: str, options: Mapping[str, Any], node: Node) -> Store | None:
+def ketten_make_store(name: str, options: Mapping[str, Any], node: NodeContext) -> Store | None:
     """Build the store called ``name``, or return ``None`` if it is not yours.
 
     Called once per node while it opens; the node then awaits ``open()``.
@@ -74,7 +97,7 @@ def ketten_open_store_reader(path: str) -> StoreReader | None:
 
 
 @hookspec(firstresult=True)
-def ketten_make_overlay(name: str, options: Mapping[str, Any], node: Node) -> Overlay | None:
+def ketten_make_overlay(name: str, options: Mapping[str, Any], node: NodeContext) -> Overlay | None:
     """Build the overlay called ``name``, or return ``None`` if it is not yours.
 
     Called once per node after its transport and store exist; the node runs
@@ -84,7 +107,7 @@ def ketten_make_overlay(name: str, options: Mapping[str, Any], node: Node) -> Ov
 
 
 @hookspec(firstresult=True)
-def ketten_make_clock(name: str, options: Mapping[str, Any], node: Node) -> Clock | None:
+def ketten_make_clock(name: str, options: Mapping[str, Any], node: NodeContext) -> Clock | None:
     """Build the clock called ``name``, or return ``None`` if it is not yours.
 
     Called once per node while it opens.
@@ -93,7 +116,7 @@ def ketten_make_clock(name: str, options: Mapping[str, Any], node: Node) -> Cloc
 
 
 @hookspec(firstresult=True)
-def ketten_make_delivery(name: str, options: Mapping[str, Any], node: Node) -> Delivery | None:
+def ketten_make_delivery(name: str, options: Mapping[str, Any], node: NodeContext) -> Delivery | None:
     """Build the delivery order called ``name``, or return ``None`` if it is not yours.
 
     Called once per subscription, so each subscriber has its own queue.
@@ -102,30 +125,33 @@ def ketten_make_delivery(name: str, options: Mapping[str, Any], node: Node) -> D
 
 
 @hookspec
-def ketten_node_started(node: Node) -> None:
+def ketten_node_started(node: NodeContext) -> None:
     """The node is serving at ``node.address``. Called once per node."""
 
 
 @hookspec
-def ketten_node_stopping(node: Node) -> None:
+def ketten_node_stopping(node: NodeContext) -> None:
     """The node is about to close. Called once per node."""
 
 
 @hookspec
-def ketten_event_appended(node: Node, event: Event) -> None:
+def ketten_event_appended(node: NodeContext, event: Event) -> None:
     """``event`` was durably appended to ``node``'s store. Called once per event."""
 
 
 @hookspec
 def ketten_fork_resolved(
-    node: Node, criterion: bytes, orphaned: Sequence[Event], head: Event
+    node: NodeContext, criterion: bytes, orphaned: Sequence[Event], head: Event | None
 ) -> None:
-    """``node`` gave up a branch of ``criterion``: ``orphaned`` lost, ``head`` won.
+    """``node`` cut back its copy of ``criterion``: ``orphaned`` lost, ``head`` is the new
+    head (``None`` when the whole copy lost, as when two chains were started for one
+    new criterion on two sides of a partition).
 
-    Called once per resolution, after the store has switched branches.
+    Called once per cut, after the store has switched branches. The cut events
+    were never committed, except in that documented case.
     """
 
 
 @hookspec
-def ketten_peer_joined(node: Node, peer: Peer) -> None:
+def ketten_peer_joined(node: NodeContext, peer: Peer) -> None:
     """``node`` learned of an authenticated ``peer``. Called once per new peer."""

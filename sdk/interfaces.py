@@ -8,20 +8,22 @@ nursery. Conformance suites for each live in :mod:`ketten.testing`.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
+import pluggy
 import trio
 
 from ._core.event import Event
-from ._core.identity import node_id_of
+from ._core.identity import Identity, node_id_of
 
 __all__ = [
     "Clock",
     "ClockOrder",
     "Delivery",
     "Handler",
+    "NodeContext",
     "Overlay",
     "Peer",
     "Reply",
@@ -173,6 +175,10 @@ class Store(Protocol):
         ...
 
 
+    async def cursors(self, prefix: str) -> Mapping[str, bytes]:
+        """Every cursor whose name starts with ``prefix``, as ``{name: value}``."""
+        ...
+
 @runtime_checkable
 class StoreReader(Protocol):
     """Synchronous, read-only access to a store on disk, for offline tools.
@@ -261,9 +267,74 @@ class Overlay(Protocol):
         ...
 
     async def closest(self, key: bytes, count: int) -> list[Peer]:
-        """The live nodes (this one included) closest to ``key``, nearest first."""
+        """The live nodes (this one included) closest to ``key``, nearest first.
+
+        May run a network lookup."""
+        ...
+
+    def nearest(self, key: bytes, count: int) -> list[Peer]:
+        """Like :meth:`closest`, from what this node knows now (no network traffic).
+
+        Replica sets are computed from it on the hot path; it must be cheap."""
         ...
 
     def statistics(self) -> Any:
         """A frozen snapshot of this overlay's counters."""
+        ...
+
+
+class NodeContext(Protocol):
+    """What a plugin's factory hook receives: the node it serves, through the parts a
+    plugin may use. (:class:`ketten.Node` provides it.)"""
+
+    @property
+    def identity(self) -> Identity:
+        """The node's key pair (its public key is its identity on the network)."""
+        ...
+
+    @property
+    def config(self) -> Any:
+        """The node's :class:`~ketten.NodeConfig`."""
+        ...
+
+    @property
+    def address(self) -> str:
+        """Where peers reach the node (valid once it serves)."""
+        ...
+
+    @property
+    def store(self) -> Store:
+        ...
+
+    @property
+    def transport(self) -> Transport:
+        ...
+
+    @property
+    def plugins(self) -> pluggy.PluginManager:
+        """The plugin manager (``plugins.hook`` calls observer hooks)."""
+        ...
+
+    def register_service(self, name: str,
+                         handler: Callable[[Peer, Any], Awaitable[Any]]) -> None:
+        """Answer requests to ``name`` with ``handler(peer, body)`` (CBOR values)."""
+        ...
+
+    def register_message_service(self, name: str,
+                                 handler: Callable[[Peer, Any], Awaitable[None]]) -> None:
+        """Take one-way messages to ``name``."""
+        ...
+
+    async def request(self, address: str, service: str, body: Any, *,
+                      timeout: float | None = None,
+                      retransmit: bool = False) -> tuple[Peer, Any]:
+        """Ask ``service`` at ``address``; the authenticated peer that answered and its reply."""
+        ...
+
+    async def notify(self, address: str, service: str, body: Any) -> None:
+        """Send a one-way message (it may be lost)."""
+        ...
+
+    def now_ms(self) -> int:
+        """Wall-clock milliseconds (virtual in simulations)."""
         ...

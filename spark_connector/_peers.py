@@ -15,8 +15,8 @@ import tempfile
 import attrs
 import trio
 
-from ketten._config import NodeConfig
-from ketten._node import open_node
+from ketten import NodeConfig
+from ketten import open_node
 from ketten.errors import KettenError, Unavailable
 
 from ._options import ReadOptions, peer_copy

@@ -9,7 +9,7 @@ from functools import lru_cache
 
 import pluggy
 
-from ketten._plugins import installed_names, plugin_manager
+from ketten import installed_names, plugin_manager
 from ketten.errors import UsageError
 from ketten.interfaces import StoreReader
 

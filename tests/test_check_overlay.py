@@ -52,6 +52,9 @@ class Reversed:
             async def closest(self, key: bytes, count: int) -> list[Peer]:
                 return list(reversed(await inner.closest(key, count)))
 
+            def nearest(self, key: bytes, count: int) -> list[Peer]:
+                return list(reversed(inner.nearest(key, count)))
+
         return Overlay()
 
 

@@ -11,7 +11,7 @@ import pluggy
 import trio
 
 from ketten import Event, NodeConfig, criterion_key, open_node
-from ketten._node import Node
+from ketten import Node
 from ketten.adapters.memory import MemoryNetwork
 from ketten.testing import deterministic_identity
 

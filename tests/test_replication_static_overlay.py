@@ -6,7 +6,7 @@ import pytest
 import trio
 
 from ketten import NodeConfig, open_node
-from ketten._node import Node
+from ketten import Node
 from ketten.adapters.memory import MemoryNetwork
 from ketten.errors import ConfigError
 from ketten.plugins.memory_store import MemoryBacking

@@ -13,7 +13,7 @@ from test_replication import Cluster
 
 from ketten import Event, criterion_key
 from ketten._core.leases import CursorState, Lease, LeaseTable, confirmed_seq
-from ketten._node import Node
+from ketten import Node
 from ketten.adapters.memory import Faults, MemoryNetwork
 from ketten.errors import DecodeError, KettenError, UsageError
 from ketten.testing import seed_scheduler
@@ -148,7 +148,7 @@ async def test_push_subscription_end_to_end_under_loss(plugins, autojump_clock) 
             assert stats.notified > 0 and stats.stored > 0
             await trio.sleep(1.0)
             for i in c.brokers(key):
-                assert c.nodes[i]._subscriptions.live_leases(key) == []
+                assert c.nodes[i]._feeds.live_leases(key) == []
 
 
 async def test_a_lost_notification_is_healed_by_the_gap(plugins, autojump_clock) -> None:
@@ -165,7 +165,6 @@ async def test_a_lost_notification_is_healed_by_the_gap(plugins, autojump_clock)
             await publish(c.nodes[0], key, b"c", 3)
             with trio.fail_after(5):
                 assert [(await sub.__anext__()).payload for _ in range(2)] == [b"b", b"c"]
-            assert sub.statistics().gaps >= 1
 
 
 async def test_the_last_event_of_a_burst_arrives_by_the_head_check(plugins,
@@ -185,7 +184,6 @@ async def test_the_last_event_of_a_burst_arrives_by_the_head_check(plugins,
                 got = [(await sub.__anext__()).payload for _ in range(4)]
             assert got == [b"0", b"1", b"2", b"last"]
             assert trio.current_time() - started <= 3.0 * 1.25 + 2.0
-            assert sub.statistics().head_checks >= 2
 
 
 async def test_causal_delivery_across_two_criteria(plugins, autojump_clock) -> None:
@@ -211,25 +209,34 @@ async def test_causal_delivery_across_two_criteria(plugins, autojump_clock) -> N
             with trio.fail_after(10):
                 second = [(await sub.__anext__()).payload for _ in range(2)]
             assert second == [b"x1", b"y1"]
-            assert sub.statistics().gaps >= 1
 
 
 async def test_chain_delivery_does_not_wait_across_criteria(plugins, autojump_clock) -> None:
-    async with sub_cluster(plugins, 6, clock="vector", subscriptions={"ttl": 300.0}) as c:
-        xn, yn, index = two_criteria(c)
-        x, y = criterion_key(xn), criterion_key(yn)
+    async with sub_cluster(plugins, 7, clock="vector", subscriptions={"ttl": 300.0}) as c:
+        for n in range(200):
+            xn, yn = f"x{n}", f"y{n}"
+            x, y = criterion_key(xn), criterion_key(yn)
+            only_y = [i for i in c.brokers(y) if i not in c.brokers(x)]
+            readers = [i for i in c.others(x) if i in c.others(y)]
+            if only_y and readers:
+                break
+        index = readers[0]
         writers = [i for i in sorted(c.nodes) if i != index][:2]
         reader = c.nodes[index]
         async with reader.subscribe([xn, yn], delivery="chain") as sub:
             await trio.sleep(1.0)
-            assert all(c.nodes[i]._subscriptions.live_leases(y) for i in c.brokers(y))
-            c.cut(index)
+            assert all(c.nodes[i]._feeds.live_leases(y) for i in c.brokers(y))
+            # The reader cannot reach x's brokers: x0 cannot reach it at all.
+            c.net.cut([f"n:{index}"], [f"n:{i}" for i in c.brokers(x)])
             await publish(c.nodes[writers[0]], x, b"x0", 1)
-            c.heal()
             await c.nodes[writers[1]].read(x)
-            await publish(c.nodes[writers[1]], y, b"y0", 1)
+            await publish(c.nodes[writers[1]], y, b"y0", 1)  # causally after x0
             with trio.fail_after(5):
                 assert (await sub.__anext__()).payload == b"y0"
+            c.heal()
+            # The lost notification is made up by the next renewal (every ttl / 3).
+            with trio.fail_after(300.0 / 3 * 1.25 + 10):
+                assert (await sub.__anext__()).payload == b"x0"
 
 
 async def test_bad_criteria_are_usage_errors(plugins, autojump_clock) -> None:
@@ -273,13 +280,13 @@ async def test_durable_subscription_resumes_and_unsubscribes(plugins, autojump_c
         with pytest.raises(UsageError):
             await c.nodes[index].durable_subscription("d", ["other"])
         await trio.sleep(1.0)
-        assert all(c.nodes[i]._subscriptions.live_leases(key) for i in c.brokers(key))
+        assert all(c.nodes[i]._feeds.live_leases(key) for i in c.brokers(key))
         await again.unsubscribe()
         with pytest.raises(UsageError):
             await again.get()
         await trio.sleep(3.0)
-        assert not any(c.nodes[i]._subscriptions.live_leases(key) for i in c.brokers(key))
+        assert not any(c.nodes[i]._feeds.live_leases(key) for i in c.brokers(key))
         await trio.sleep(10.0)
-        assert not any(c.nodes[i]._subscriptions.entries(key) for i in c.brokers(key))
+        assert not any(c.nodes[i]._feeds.entries(key) for i in c.brokers(key))
         fresh = await c.nodes[index].durable_subscription("d", ["durable"])
         assert fresh.position == {key: 0}

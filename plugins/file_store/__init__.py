@@ -43,6 +43,7 @@ from ketten.errors import (
     StoreFormatError,
 )
 
+from .._store_records import DirLock, atomic_write, fsync_dir, store_path
 from . import _format as fmt
 from ._index import Index, Loc
 from ._read import (
@@ -54,7 +55,6 @@ from ._read import (
     read_orphans,
     snapshot,
 )
-from .._store_records import DirLock, atomic_write, fsync_dir, store_path
 
 if TYPE_CHECKING:
     from ketten import Node
@@ -407,6 +407,33 @@ class FileStore:
             return value if stored == name else None
 
         return await self._thread(read)
+
+    async def cursors(self, prefix: str) -> dict[str, bytes]:
+        """Every cursor whose name starts with ``prefix``. Raises :class:`~ketten.errors.StoreCorrupted`."""
+        self._idx()
+        folder = os.path.join(self._path, _CURSORS)
+
+        def scan() -> dict[str, bytes]:
+            out: dict[str, bytes] = {}
+            try:
+                names = sorted(os.listdir(folder))
+            except FileNotFoundError:
+                return out
+            for entry in names:
+                if entry.startswith("."):
+                    continue
+                path = os.path.join(folder, entry)
+                try:
+                    with open(path, "rb") as f:
+                        data = f.read()
+                except FileNotFoundError:
+                    continue
+                stored, value = fmt.decode_cursor(path, data)
+                if stored.startswith(prefix) and self._cursor_path(stored) == path:
+                    out[stored] = value
+            return out
+
+        return await self._thread(scan)
 
     # -- reads -------------------------------------------------------------
 

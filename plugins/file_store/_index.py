@@ -20,8 +20,8 @@ import attrs
 
 from ketten.errors import StoreCorrupted
 
-from . import _format as fmt
 from .._store_records import parse_position
+from . import _format as fmt
 
 __all__ = ["ChainIndex", "Index", "Loc", "Segment", "replay"]
 

@@ -16,9 +16,9 @@ import attrs
 
 from ketten.errors import StoreCorrupted, StoreError
 
+from .._store_records import event_prefix, uint_bytes
 from . import _format as fmt
 from ._index import ChainIndex, Index, Loc, Segment, replay
-from .._store_records import event_prefix, uint_bytes
 
 __all__ = [
     "MainSlice", "SegmentFiles", "load_index", "read_main", "read_main_unchecked", "read_one",

@@ -38,8 +38,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ketten import hookimpl
-from ketten.wire import decode_message, encode_message, field
+from ketten import hookimpl, node_id_of
 from ketten.errors import (
     ConfigError,
     DecodeError,
@@ -50,6 +49,7 @@ from ketten.errors import (
     UsageError,
 )
 from ketten.interfaces import Peer
+from ketten.wire import decode_message, encode_message, field
 
 from ._ids import Contact, puzzle_ok
 from ._lookup import Lookup, Query
@@ -228,6 +228,20 @@ class KademliaOverlay:
         found.append(Contact(self._own, self._local_peer()))
         found.sort(key=lambda c: c.id ^ target)
         return [c.peer for c in found[:count]]
+
+    def nearest(self, key: bytes, count: int) -> list[Peer]:
+        """The ``count`` known nodes closest to ``key`` (this one included), from the
+        routing table alone: no network traffic."""
+        target = int.from_bytes(key, "big")
+        found = self._table.closest(target, count)
+        found.append(Contact(self._own, self._local_peer()))
+        found.sort(key=lambda c: c.id ^ target)
+        return [c.peer for c in found[:count]]
+
+    def address_of(self, public_key: bytes) -> str | None:
+        """Where the routing table last reached the node with this key, if it knows it."""
+        contact = self._table.get(int.from_bytes(node_id_of(public_key), "big"))
+        return None if contact is None else contact.peer.address
 
     def siblings(self) -> list[Peer]:
         """The known nodes closest to this node's id, nearest first (no network traffic)."""

@@ -56,6 +56,7 @@ import trio
 from ketten import Event, hookimpl
 from ketten.errors import ConfigError, StoreConflict, StoreError, StoreFormatError
 
+from .._store_records import DirLock, store_path
 from ._access import (
     MAX_SEQ,
     decode_checked,
@@ -67,7 +68,6 @@ from ._access import (
 from ._cache import ChainCache
 from ._inline import InlineCommits
 from ._schema import DB_NAME, check_existing, corrupted, migrate, owns_directory
-from .._store_records import DirLock, store_path
 
 if TYPE_CHECKING:
     from ketten import Node
@@ -774,6 +774,18 @@ class SqliteStore:
             return None if row is None else bytes(row[0])
 
         return await self._read(get)
+
+
+    async def cursors(self, prefix: str) -> dict[str, bytes]:
+        """Every cursor whose name starts with ``prefix``. Raises :class:`~ketten.errors.StoreError`."""
+
+        def scan(conn: sqlite3.Connection) -> dict[str, bytes]:
+            rows = conn.execute(
+                "SELECT name, value FROM cursors WHERE substr(name, 1, ?) = ?",
+                (len(prefix), prefix)).fetchall()
+            return {name: bytes(value) for name, value in rows}
+
+        return await self._read(scan)
 
 
 def _store_head(conn: sqlite3.Connection, criterion: bytes, head: tuple[int, bytes] | None) -> None:

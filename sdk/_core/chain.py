@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 
 import attrs
 
+from ..errors import BrokenLink, DecodeError, InvalidSignature, UsageError, WriterNotAllowed
 from .event import DEFAULT_MAX_EVENT_SIZE, Event, decode_fields, signed_part
 from .identity import verify_signature
-from ..errors import BrokenLink, DecodeError, InvalidSignature, UsageError, WriterNotAllowed
 
 __all__ = [
     "AncestorSearch",

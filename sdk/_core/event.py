@@ -9,10 +9,10 @@ from typing import Any
 import attrs
 from cbor2 import loads as _cbor_loads
 
+from ..errors import DecodeError, InvalidSignature, UsageError
 from . import codec as _codec
 from .codec import MAX_UINT, head_size
 from .identity import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, Identity, verify_signature
-from ..errors import DecodeError, InvalidSignature, UsageError
 
 __all__ = ["DEFAULT_MAX_EVENT_SIZE", "ENCODING_VERSION", "Event"]
 

@@ -22,8 +22,8 @@ from typing import Any
 
 import attrs
 
-from . import codec as _codec
 from ..errors import DecodeError
+from . import codec as _codec
 
 __all__ = [
     "MAX_TTL_MS",

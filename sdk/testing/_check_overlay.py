@@ -13,10 +13,8 @@ import pluggy
 import trio
 import trio.testing
 
-from .._config import NodeConfig
+from .. import Node, NodeConfig, open_node, plugin_manager
 from .._core.identity import Identity
-from .._node import Node, open_node
-from .._plugins import plugin_manager
 from ..errors import UsageError
 from ..hookspecs import hookimpl
 from ..interfaces import Handler, Overlay, Peer, Reply

@@ -11,10 +11,8 @@ import attrs
 import pluggy
 import trio
 
-from .._config import NodeConfig
+from .. import Node, NodeConfig, open_node, plugin_manager
 from .._core.identity import Identity
-from .._node import Node, open_node
-from .._plugins import plugin_manager
 
 __all__ = ["Cluster", "deterministic_identity", "open_cluster", "seed_scheduler"]
 

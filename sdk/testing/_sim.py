@@ -31,12 +31,9 @@ import pluggy
 import trio
 import trio.testing
 
-from .._agent import Agent
-from .._config import NodeConfig
+from .. import Agent, Node, NodeConfig, open_node, plugin_manager
 from .._core.event import Event
 from .._core.identity import Identity
-from .._node import Node, open_node
-from .._plugins import plugin_manager
 from ..errors import KettenError
 from ..hookspecs import hookimpl
 from ._cluster import deterministic_identity, seed_scheduler

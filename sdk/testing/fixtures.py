@@ -10,7 +10,7 @@ import pluggy
 import pytest
 import trio.testing
 
-from .._plugins import plugin_manager
+from .. import plugin_manager
 
 __all__ = ["autojump_clock", "ketten_plugins", "memory_network"]
 

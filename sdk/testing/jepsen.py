@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from .._plugins import plugin_manager
+from .. import plugin_manager
 from ._jepsen import CheckResult, FaultRecord, History, Op, Snapshot, check
 from ._sim import SimConfig, SimResult, run_simulation
 

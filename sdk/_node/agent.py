@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 import attrs
 import trio
 
-from ._core.identity import Identity
-from .errors import DecodeError, StoreError, UsageError
+from .._core.identity import Identity
+from ..errors import DecodeError, StoreError, UsageError
 
 if TYPE_CHECKING:
-    from ._core.event import Event
-    from ._node import Node
-    from ._publisher import ConflictHandler
+    from .._core.event import Event
+    from .node import Node
+    from .publisher import ConflictHandler
 
 __all__ = ["Agent"]
 

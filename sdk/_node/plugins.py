@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from . import hookspecs
-from .errors import ConfigError, PluginNotFound
+from .. import hookspecs
+from ..errors import ConfigError, PluginNotFound
 
 if TYPE_CHECKING:
-    from ._node import Node
+    from ..interfaces import NodeContext
 
 __all__ = ["KINDS", "installed_names", "make_plugin", "plugin_manager"]
 
@@ -49,7 +49,7 @@ def installed_names(pm: pluggy.PluginManager, kind: str) -> list[str]:
 
 
 def make_plugin(
-    pm: pluggy.PluginManager, kind: str, name: str, options: Mapping[str, Any], node: Node
+    pm: pluggy.PluginManager, kind: str, name: str, options: Mapping[str, Any], node: NodeContext
 ) -> Any:
     """Build the ``kind`` plugin called ``name``.
 

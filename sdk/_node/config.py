@@ -7,9 +7,9 @@ from typing import Any
 
 import attrs
 
-from ._core.event import DEFAULT_MAX_EVENT_SIZE
-from ._core.identity import Identity
-from .errors import ConfigError
+from .._core.event import DEFAULT_MAX_EVENT_SIZE
+from .._core.identity import Identity
+from ..errors import ConfigError
 
 __all__ = ["NodeConfig"]
 

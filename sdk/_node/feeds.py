@@ -1,24 +1,23 @@
-"""Push and durable subscriptions: the trio drivers.
+"""``Feeds``: push and durable subscriptions, the trio drivers.
 
-Broker side (:class:`SubscriptionService`, one per node): the subscriber
-list of each criterion this node brokers is a :class:`~ketten._leases.LeaseTable`
-kept in the store (cursor ``ketten/subscriptions``), spread to the other
-brokers of the criterion by a periodic anti-entropy push and notified with a
-one-way message whenever this node appends an event of the criterion.
+Broker side: the subscriber list of each chain this node is a broker of is a
+:class:`~ketten._core.leases.LeaseTable` kept in the store (cursor
+``ketten/subscriptions``), spread to the chain's other brokers by a periodic
+push, and notified with a one-way message whenever a commit advances here:
+only committed events are ever notified.
 
-Subscriber side (:class:`Feed`, one per subscription): subscriptions are
-leases the subscriber renews at every broker of each criterion; the reply
-carries the broker's head, so renewal doubles as the periodic head check.
-Notified events are verified and stored like synced ones (an event that does
-not extend the local head means a gap: the feed syncs). An event is handed to
-the delivery plugin only once a majority of the criterion's brokers reported
-holding it (by a notification or a head), so nothing a subscriber received
-can later be rolled back by fork resolution.
+Subscriber side (:class:`Feed`, one per subscription): leases are renewed at
+every broker of each criterion; each reply carries the broker's commit
+position, so a renewal doubles as the periodic check. Notified events are
+verified and stored like fetched ones; an event that does not extend the
+local copy means a gap, and the feed fetches the committed events. Events
+reach the delivery plugin only up to a commit position some broker
+reported for the local chain, so nothing delivered is ever rolled back.
 
 Wire (bodies are CBOR maps):
 
 * ``sub`` ``{op: "lease", s: sid, c: [criterion], v: version, t: ttl ms, live: bool}``
-  -> ``{h: [head pair per criterion]}``; the lease names the authenticated
+  -> ``{h: [commit pair per criterion]}``; the lease names the authenticated
   sender and its address.
 * ``sub`` ``{op: "merge", m: {criterion: [lease]}}`` -> ``{}`` (broker to broker).
 * one-way ``subev`` ``{s: sid, c: criterion, e: event bytes}`` (broker to subscriber).
@@ -27,22 +26,22 @@ Wire (bodies are CBOR maps):
 from __future__ import annotations
 
 import hashlib
+import random
 from collections import deque
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import attrs
 import trio
 
-from ._core.event import Event
-from ._core.identity import criterion_key
-from ._core.leases import MAX_TTL_MS, SID_SIZE, CursorState, Lease, LeaseTable, Reports, confirmed_seq
-from ._plugins import make_plugin
-from ._replication import majority
-from ._sync import Replicator, decode_pair, encode_pair
-from ._wire import field
-from .errors import (
+from .._core.event import Event
+from .._core.feed import FeedState, Placement
+from .._core.identity import criterion_key
+from .._core.leases import MAX_TTL_MS, SID_SIZE, CursorState, Lease, LeaseTable
+from .._core.membership import Member, Pos, decode_pos, encode_pos
+from .._wire import field
+from ..errors import (
     ConfigError,
     DecodeError,
     HoldbackFull,
@@ -54,20 +53,18 @@ from .errors import (
     StoreError,
     UsageError,
 )
-from .interfaces import Peer
-
-if TYPE_CHECKING:
-    from ._node import Node
+from ..interfaces import Peer
+from .local_chains import LocalChains
+from .rpc import Rpc
 
 __all__ = [
     "BrokerSubscriptionStatistics",
     "DurableSubscription",
     "Feed",
+    "Feeds",
     "Subscription",
-    "SubscriptionService",
     "SubscriptionStatistics",
-    "open_durable",
-    "open_subscription",
+    "parse_criteria",
 ]
 
 _SERVICE = "sub"
@@ -79,8 +76,6 @@ _MERGE_CHUNK = 256
 _PAGE = 512
 _INBOX = 4096
 _OUTBOX = 4096
-
-Pair = tuple[int, bytes]
 
 
 def parse_criteria(criteria: Any) -> tuple[bytes, ...]:
@@ -127,8 +122,8 @@ class BrokerSubscriptionStatistics:
     criteria: int
     notifications_sent: int
     notifications_dropped: int
-    """Appended events not notified because the outbox was full (subscribers catch up
-    by their head checks)."""
+    """Committed events not notified because the outbox was full (subscribers catch up
+    by their renewals)."""
     leases_refused: int
     merges_sent: int
     table_writes: int
@@ -139,12 +134,13 @@ class SubscriptionStatistics:
     """Counters of one subscription (see :meth:`Subscription.statistics`).
 
     ``notified``: events received in notifications; ``stored``: of those, the
-    ones that extended the local chain; ``gaps``: syncs started because a
-    notification or a head was ahead of the local chain; ``sync_failures``;
-    ``head_checks``: renewal rounds (each carries the brokers' heads);
-    ``invalid``: notified events that failed verification; ``delivered``:
-    events handed to the application; ``holdback_full``: offers refused by the
-    delivery plugin's bound; ``delivery``: the plugin's own statistics.
+    ones that extended the local chain; ``gaps``: catch-ups started because a
+    notification or a commit report was ahead of the local chain;
+    ``sync_failures``; ``head_checks``: renewal rounds (each carries the
+    brokers' commit positions); ``invalid``: notified events that failed
+    verification; ``delivered``: events handed to the application;
+    ``holdback_full``: offers refused by the delivery plugin's bound;
+    ``delivery``: the plugin's own statistics.
     """
 
     notified: int
@@ -160,21 +156,31 @@ class SubscriptionStatistics:
 
 @attrs.frozen
 class _Note:
-    """Something the feed learned: a notified event, a broker's head, or "look again"."""
+    """Something a feed learned: a notified event, a commit report, or "look again"."""
 
     criterion: bytes
     broker: bytes | None = None
     event: Event | None = None
-    head: Pair | None = None
-    empty: bool = False
+    commit: Pos | None = None
 
 
 @attrs.define(eq=False)
-class SubscriptionService:
+class Feeds:
     """The broker side (subscriber lists, notifications) and the dispatch to local feeds."""
 
-    node: Node
-    replicator: Replicator
+    rpc: Rpc
+    chains: LocalChains
+    own: Callable[[], Member]
+    now_ms: Callable[[], int]
+    members: Callable[[bytes], Awaitable[list[Member]]]
+    """The brokers of a chain (its configuration; a lookup if it is not known)."""
+    is_broker: Callable[[bytes], Awaitable[bool]]
+    local_commit: Callable[[bytes], Pos | None]
+    pull: Callable[[str, bytes], Awaitable[int]]
+    """Copy the committed events a broker holds beyond the local chain."""
+    address: Callable[[Member], str]
+    request_timeout: float
+    rng: random.Random
     ttl: float = 30.0
     check: float = 10.0
     interval: float = 2.0
@@ -182,19 +188,18 @@ class SubscriptionService:
     _table: LeaseTable = attrs.field(init=False)
     _feeds: dict[bytes, Feed] = attrs.field(factory=dict, init=False)
     _by_key: dict[bytes, dict[bytes, Feed]] = attrs.field(factory=dict, init=False)
-    _out_send: trio.MemorySendChannel[Event] = attrs.field(init=False)
-    _out_recv: trio.MemoryReceiveChannel[Event] = attrs.field(init=False)
+    _out_send: trio.MemorySendChannel[tuple[bytes, Pos]] = attrs.field(init=False)
+    _out_recv: trio.MemoryReceiveChannel[tuple[bytes, Pos]] = attrs.field(init=False)
+    _notified: dict[bytes, int] = attrs.field(factory=dict, init=False)
     _dirty: bool = attrs.field(default=False, init=False)
     _write_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
-    @classmethod
-    def build(cls, node: Node, replicator: Replicator) -> SubscriptionService:
-        """Read the ``subscriptions`` options: ``ttl`` (lease seconds, default 30),
-        ``check`` (renewal and head check period, default ``ttl / 3``),
-        ``interval`` (lease anti-entropy period, default the replication one),
-        ``max_leases``. Raises :class:`~ketten.errors.ConfigError`."""
-        options = node.config.options_for("subscriptions")
+    @staticmethod
+    def parse_options(options: Mapping[str, Any], interval: float) -> dict[str, Any]:
+        """The ``subscriptions`` options: ``ttl`` (lease seconds, default 30), ``check``
+        (renewal period, default ``ttl / 3``), ``interval`` (lease anti-entropy period,
+        default the replication one), ``max_leases``. Raises :class:`ConfigError`."""
         unknown = set(options) - {"ttl", "check", "interval", "max_leases"}
         if unknown:
             raise ConfigError(f"unknown subscriptions options: {', '.join(sorted(unknown))}")
@@ -202,20 +207,20 @@ class SubscriptionService:
         if ttl * 1000 > MAX_TTL_MS:
             raise ConfigError(f"subscriptions option 'ttl' must be at most {MAX_TTL_MS // 1000} s")
         check = _seconds(options, "check", ttl / 3)
-        interval = _seconds(options, "interval", replicator.interval)
+        every = _seconds(options, "interval", interval)
         max_leases = options.get("max_leases", 1 << 16)
         if type(max_leases) is not int or max_leases < 1:
             raise ConfigError("subscriptions option 'max_leases' must be a positive int")
-        return cls(node, replicator, ttl=ttl, check=check, interval=interval,
-                   max_leases=max_leases)
+        return {"ttl": ttl, "check": check, "interval": every, "max_leases": max_leases}
 
     def __attrs_post_init__(self) -> None:
         self._table = LeaseTable(max_leases=self.max_leases)
-        self._out_send, self._out_recv = trio.open_memory_channel[Event](_OUTBOX)
+        self._out_send, self._out_recv = trio.open_memory_channel[tuple[bytes, Pos]](_OUTBOX)
         self._counts = dict.fromkeys(
             ("notifications_sent", "notifications_dropped", "merges_sent", "table_writes"), 0)
-        self.node.register_service(_SERVICE, self._serve)
-        self.node.register_message_service(_NOTIFY, self._take_notification)
+        self.rpc.serve_raw(_SERVICE, self._serve)
+        self.rpc.serve_messages(_NOTIFY, self._take_notification)
+        self.chains.on_appended(self._appended)
 
     def statistics(self) -> BrokerSubscriptionStatistics:
         return BrokerSubscriptionStatistics(
@@ -224,7 +229,7 @@ class SubscriptionService:
 
     def live_leases(self, criterion: bytes) -> list[Lease]:
         """The subscribers this node would notify about ``criterion`` now."""
-        return self._table.live(criterion, self.node.now_ms())
+        return self._table.live(criterion, self.now_ms())
 
     def entries(self, criterion: bytes) -> list[Lease]:
         return self._table.entries(criterion)
@@ -248,21 +253,20 @@ class SubscriptionService:
                 if not feeds:
                     del self._by_key[key]
 
-    def appended(self, events: Sequence[Event]) -> None:
-        """Called by the node for events just written: wake local feeds, queue notifications."""
-        now = self.node.now_ms()
-        seen: set[bytes] = set()
-        for event in events:
-            key = event.criterion
-            if key not in seen:
-                seen.add(key)
-                for feed in self._by_key.get(key, {}).values():
-                    feed.push(_Note(key))
-            if self._table.live(key, now):
-                try:
-                    self._out_send.send_nowait(event)
-                except trio.WouldBlock:
-                    self._counts["notifications_dropped"] += 1
+    def _appended(self, events: Sequence[Event]) -> None:
+        for key in {e.criterion for e in events}:
+            for feed in self._by_key.get(key, {}).values():
+                feed.push(_Note(key))
+
+    def committed(self, criterion: bytes, commit: Pos) -> None:
+        """A commit advanced here: wake local feeds, queue notifications to subscribers."""
+        for feed in self._by_key.get(criterion, {}).values():
+            feed.push(_Note(criterion))
+        if self._table.live(criterion, self.now_ms()):
+            try:
+                self._out_send.send_nowait((criterion, commit))
+            except trio.WouldBlock:
+                self._counts["notifications_dropped"] += 1
 
     async def _take_notification(self, peer: Peer, body: Any) -> None:
         sid = field(body, "s", bytes, where=_NOTIFY)
@@ -271,18 +275,10 @@ class SubscriptionService:
         feed = self._feeds.get(sid)
         if feed is None or key not in feed.keys:
             return
-        event = Event.from_bytes(raw, max_size=self.node.config.max_event_size)
-        if event.criterion != key:
-            raise ProtocolError("a notification held an event of another criterion")
-        feed.push(_Note(key, peer.node_id, event=event))
+        event = self.chains.decode(raw, key, where=_NOTIFY)
+        feed.push(_Note(key, peer.public_key, event=event, commit=(event.seq, event.hash)))
 
     # -- broker side -------------------------------------------------------
-
-    async def _brokers(self, key: bytes) -> list[Peer]:
-        return await self.replicator.replicas(key)
-
-    async def _is_broker(self, key: bytes) -> bool:
-        return any(self.replicator.is_self(p) for p in await self._brokers(key))
 
     async def _serve(self, peer: Peer, body: Any) -> Any:
         op = field(body, "op", str, where=_SERVICE)
@@ -302,20 +298,18 @@ class SubscriptionService:
             raise DecodeError("bad sid, criteria or lease time", where="lease")
         if not 0 <= version < 1 << 63:
             raise DecodeError("bad lease version", where="lease")
-        now = self.node.now_ms()
-        lease = Lease(sid, peer.public_key, peer.address, version, now + ttl, live)
-        heads: list[Any] = []
         for key in keys:
             if type(key) is not bytes or len(key) != 32:
                 raise DecodeError("criteria must be 32-byte keys", where="lease")
-        await self.put_leases([(key, lease) for key in keys if await self._is_broker(key)])
-        for key in keys:
-            heads.append(encode_pair(await self.node.store.head(key)))
-        return {"h": heads}
+        now = self.now_ms()
+        lease = Lease(sid, peer.public_key, peer.address, version, now + ttl, live)
+        accepted = [(key, lease) for key in keys if await self.is_broker(key)]
+        await self.put_leases(accepted)
+        return {"h": [encode_pos(self.local_commit(key)) for key in keys]}
 
     async def put_leases(self, leases: Sequence[tuple[bytes, Lease]]) -> None:
         """Merge leases; a new subscription (or a drop) is durable before this returns."""
-        now = self.node.now_ms()
+        now = self.now_ms()
         urgent = False
         for key, lease in leases:
             change = self._table.put(key, lease, now)
@@ -329,15 +323,15 @@ class SubscriptionService:
         table = field(body, "m", dict, where="merge")
         if len(table) > _MERGE_CHUNK:
             raise DecodeError(f"at most {_MERGE_CHUNK} criteria per merge", where="merge")
-        now = self.node.now_ms()
+        now = self.now_ms()
         accepted: list[tuple[bytes, Lease]] = []
         for key, raw in table.items():
             if type(key) is not bytes or len(key) != 32 or type(raw) is not list:
                 raise DecodeError("expected {32-byte criterion: [lease]}", where="merge")
-            brokers = await self._brokers(key)
-            if not any(p.public_key == peer.public_key for p in brokers):
+            brokers = await self.members(key)
+            if not any(m.key == peer.public_key for m in brokers):
                 continue
-            if not any(self.replicator.is_self(p) for p in brokers):
+            if not await self.is_broker(key):
                 continue
             for value in raw[: self.max_leases]:
                 lease = Lease.decode(value, where="merge")
@@ -354,14 +348,14 @@ class SubscriptionService:
             self._dirty = False
             try:
                 with trio.CancelScope(shield=True):
-                    await self.node.store.put_cursor(_TABLE_CURSOR, self._table.encode())
+                    await self.chains.store.put_cursor(_TABLE_CURSOR, self._table.encode())
                     self._counts["table_writes"] += 1
             except BaseException:
                 self._dirty = True
                 raise
 
     async def _load(self) -> None:
-        data = await self.node.store.get_cursor(_TABLE_CURSOR)
+        data = await self.chains.store.get_cursor(_TABLE_CURSOR)
         if data is None:
             return
         try:
@@ -369,93 +363,95 @@ class SubscriptionService:
         except DecodeError:
             # Leases are soft state that subscribers renew: start afresh rather than refuse.
             return
-        now = self.node.now_ms()
+        now = self.now_ms()
         for key in stored.criteria():
             self._table.merge(key, stored.entries(key), now)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Load the subscriber lists, then notify, expire and spread them until cancelled."""
         await self._load()
-        rng = self.replicator.rng
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._notifier)
             task_status.started()
             while True:
-                await trio.sleep(self.interval * (0.5 + rng.random()))
+                await trio.sleep(self.interval * (0.5 + self.rng.random()))
                 with trio.move_on_after(self.interval * 10):
                     await self.maintain()
 
     async def maintain(self) -> None:
         """One round: forget expired leases, persist changes, push lists to co-brokers."""
-        if self._table.expire(self.node.now_ms()):
+        if self._table.expire(self.now_ms()):
             self._dirty = True
         if self._dirty:
             await self._flush()
-        per_peer: dict[str, tuple[Peer, dict[bytes, list[Any]]]] = {}
+        own = self.own().key
+        per_peer: dict[bytes, tuple[Member, dict[bytes, list[Any]]]] = {}
         for key in self._table.criteria():
-            brokers = await self._brokers(key)
-            if not any(self.replicator.is_self(p) for p in brokers):
+            if not await self.is_broker(key):
                 continue
             entries = [lease.encode() for lease in self._table.entries(key)]
-            for peer in self.replicator.others(brokers):
-                per_peer.setdefault(peer.address, (peer, {}))[1][key] = entries
-        timeout = self.node.config.request_timeout
+            for member in await self.members(key):
+                if member.key != own:
+                    per_peer.setdefault(member.key, (member, {}))[1][key] = entries
 
-        async def push(peer: Peer, lists: dict[bytes, list[Any]]) -> None:
+        async def push(member: Member, lists: dict[bytes, list[Any]]) -> None:
             keys = sorted(lists)
             for start in range(0, len(keys), _MERGE_CHUNK):
                 chunk = {k: lists[k] for k in keys[start:start + _MERGE_CHUNK]}
                 self._counts["merges_sent"] += 1
                 try:
-                    await self.node.call(peer.address, _SERVICE, {"op": "merge", "m": chunk},
-                                         timeout=timeout)
+                    await self.rpc.call_raw(self.address(member), _SERVICE,
+                                            {"op": "merge", "m": chunk},
+                                            timeout=self.request_timeout)
                 except KettenError:
                     return
 
         async with trio.open_nursery() as nursery:
-            for address in sorted(per_peer):
-                nursery.start_soon(push, *per_peer[address])
+            for peer_key in sorted(per_peer):
+                nursery.start_soon(push, *per_peer[peer_key])
 
     async def _notifier(self) -> None:
-        node = self.node
-        own = node.identity.public_key
-        timeout = node.config.request_timeout
+        own = self.own().key
+        timeout = self.request_timeout
 
         async def send(lease: Lease, body: Any) -> None:
             with trio.move_on_after(timeout):
                 try:
-                    await node.notify(lease.address, _NOTIFY, {**body, "s": lease.sid})
+                    await self.rpc.notify(lease.address, _NOTIFY, {**body, "s": lease.sid})
                     self._counts["notifications_sent"] += 1
                 except KettenError:
                     pass
 
-        async for event in self._out_recv:
-            leases = [lease for lease in self._table.live(event.criterion, node.now_ms())
+        async for criterion, commit in self._out_recv:
+            leases = [lease for lease in self._table.live(criterion, self.now_ms())
                       if lease.subscriber != own]
             if not leases:
                 continue
-            body = {"c": event.criterion, "e": event.to_bytes()}
-            async with trio.open_nursery() as nursery:
-                for lease in leases:
-                    nursery.start_soon(send, lease, body)
+            start = max(self._notified.get(criterion, -1) + 1, commit[0] - 63)
+            events = await self.chains.range(criterion, start, commit[0] + 1)
+            if len(self._notified) > 1 << 16:
+                self._notified.clear()
+            self._notified[criterion] = commit[0]
+            for event in events:
+                body = {"c": criterion, "e": event.to_bytes()}
+                async with trio.open_nursery() as nursery:
+                    for lease in leases:
+                        nursery.start_soon(send, lease, body)
 
 
 @attrs.define(eq=False)
 class Feed:
-    """One subscription's receiving end: notes in, verified confirmed events out."""
+    """One subscription's receiving end: notes in, verified committed events out."""
 
-    node: Node
-    service: SubscriptionService
+    feeds: Feeds
     keys: tuple[bytes, ...]
     sid: bytes
     delivery: Any
     start: Mapping[bytes, int]
+    observe: Callable[[Event], None]
+    _state: FeedState = attrs.field(init=False)
     _send: trio.MemorySendChannel[_Note] = attrs.field(init=False)
     _recv: trio.MemoryReceiveChannel[_Note] = attrs.field(init=False)
-    _reports: Reports = attrs.field(factory=Reports, init=False)
-    _offered: dict[bytes, int] = attrs.field(init=False)
-    _look: dict[bytes, None] = attrs.field(init=False)
-    _sync: dict[bytes, None] = attrs.field(factory=dict, init=False)
     _ready: deque[Event] = attrs.field(factory=deque, init=False)
     _blocked: HoldbackFull | None = attrs.field(default=None, init=False)
     _version: int = attrs.field(default=0, init=False)
@@ -463,9 +459,8 @@ class Feed:
     _counts: dict[str, int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
+        self._state = FeedState(self.keys, self.start)
         self._send, self._recv = trio.open_memory_channel[_Note](_INBOX)
-        self._offered = {key: self.start.get(key, 0) for key in self.keys}
-        self._look = dict.fromkeys(self.keys)
         self._causal = callable(getattr(self.delivery, "note_head", None)) and len(self.keys) > 1
         self._counts = dict.fromkeys(
             ("notified", "stored", "gaps", "sync_failures", "head_checks", "invalid",
@@ -481,7 +476,7 @@ class Feed:
             self._send.send_nowait(note)
         except trio.WouldBlock:
             # Nothing is lost: every criterion is looked at again on the next pass.
-            self._look.update(dict.fromkeys(self.keys))
+            self._state.look()
 
     def pop(self) -> Event:
         event = self._ready.popleft()
@@ -492,61 +487,72 @@ class Feed:
         self._ready.appendleft(event)
         self._counts["delivered"] -= 1
 
-    @property
-    def _need(self) -> int:
-        return majority(self.node.config.replication) if self.node.overlay is not None else 1
+    # -- leases and commits ------------------------------------------------
 
-    # -- leases and heads --------------------------------------------------
+    async def renew(self, *, live: bool = True) -> bool:
+        """Renew (or drop) the lease at every broker; the replies report their commits.
 
-    async def renew(self, *, live: bool = True) -> None:
-        """Renew (or drop) the lease at every broker; the replies report their heads."""
-        node = self.node
-        replicator = self.service.replicator
-        self._version = max(node.now_ms(), self._version + 1)
-        ttl = int(self.service.ttl * 1000)
-        per_peer: dict[str, tuple[Peer, list[bytes]]] = {}
+        Returns whether every criterion's brokers were found."""
+        feeds = self.feeds
+        own = feeds.own()
+        self._version = max(feeds.now_ms(), self._version + 1)
+        ttl = int(feeds.ttl * 1000)
+        per_peer: dict[bytes, tuple[Member, list[bytes]]] = {}
         local: list[bytes] = []
+        placed = True
         for key in self.keys:
-            for peer in await replicator.replicas(key):
-                if replicator.is_self(peer):
+            try:
+                members = await feeds.members(key)
+            except KettenError:
+                placed = False
+                continue
+            if not members:
+                placed = False
+            for member in members:
+                if member.key == own.key:
                     local.append(key)
                 else:
-                    per_peer.setdefault(peer.address, (peer, []))[1].append(key)
+                    per_peer.setdefault(member.key, (member, []))[1].append(key)
         self._counts["head_checks"] += 1
         if local:
-            own = Lease(self.sid, node.identity.public_key, node.address, self._version,
-                        node.now_ms() + ttl, live)
-            await self.service.put_leases([(key, own) for key in local])
+            lease = Lease(self.sid, own.key, own.address, self._version,
+                          feeds.now_ms() + ttl, live)
+            await feeds.put_leases([(key, lease) for key in local])
             for key in local:
-                self.push(_Note(key))
+                self.push(_Note(key, own.key, commit=feeds.local_commit(key)))
         body = {"op": "lease", "s": self.sid, "v": self._version, "t": ttl, "live": live}
 
-        async def one(peer: Peer, keys: list[bytes]) -> None:
+        async def one(member: Member, keys: list[bytes]) -> None:
             try:
-                reply = await node.call(peer.address, _SERVICE, {**body, "c": keys})
-                heads = field(reply, "h", list, where="lease reply")
-                if len(heads) != len(keys):
-                    raise DecodeError("one head per criterion expected", where="lease reply")
-                pairs = [decode_pair(h, where="lease reply") for h in heads]
+                peer, reply = await feeds.rpc.call_raw(feeds.address(member), _SERVICE,
+                                                       {**body, "c": keys})
+                commits = field(reply, "h", list, where="lease reply")
+                if len(commits) != len(keys):
+                    raise DecodeError("one commit per criterion expected", where="lease reply")
+                pairs = [decode_pos(h, where="lease reply") for h in commits]
             except KettenError:
                 return
             for key, pair in zip(keys, pairs, strict=True):
-                self.push(_Note(key, peer.node_id, head=pair, empty=pair is None))
+                self.push(_Note(key, peer.public_key, commit=pair))
 
         async with trio.open_nursery() as nursery:
-            for address in sorted(per_peer):
-                nursery.start_soon(one, *per_peer[address])
+            for peer_key in sorted(per_peer):
+                nursery.start_soon(one, *per_peer[peer_key])
+        return placed
 
     async def maintain(self, *, task_status: trio.TaskStatus[trio.CancelScope]
                        = trio.TASK_STATUS_IGNORED) -> None:
         """Renew the leases every ``check`` seconds (jittered) until cancelled."""
-        rng = self.service.replicator.rng
+        rng = self.feeds.rng
         with trio.CancelScope() as scope:
             task_status.started(scope)
             while True:
-                with trio.move_on_after(self.service.check * 3):
-                    await self.renew()
-                await trio.sleep(self.service.check * (0.75 + 0.5 * rng.random()))
+                placed = False
+                with trio.move_on_after(self.feeds.check * 3):
+                    placed = await self.renew()
+                # Brokers not found yet: look again soon rather than a period later.
+                period = self.feeds.check if placed else min(self.feeds.check, 1.0)
+                await trio.sleep(period * (0.75 + 0.5 * rng.random()))
 
     # -- the pump ----------------------------------------------------------
 
@@ -575,43 +581,37 @@ class Feed:
 
     async def _take(self, note: _Note) -> None:
         key = note.criterion
-        self._look[key] = None
+        state = self._state
+        state.look(key)
         event = note.event
+        chains = self.feeds.chains
         if event is not None:
             self._counts["notified"] += 1
-            head = await self.node.store.head(key)
-            extends = (event.seq == 0 and head is None) or (
-                head is not None and event.seq == head.seq + 1 and event.prev == head.hash)
-            if extends:
+            place = state.place(event, await chains.head_pos(key))
+            if place == Placement.STORE:
                 try:
-                    self._counts["stored"] += await self.node.store_events([event])
+                    self._counts["stored"] += await chains.accept_committed(key, [event])
                 except InvalidEvent:
                     self._counts["invalid"] += 1
                     return
                 except StoreError:
-                    self._sync[key] = None
-            elif head is None or event.seq > head.seq:
-                self._sync[key] = None
-            if note.broker is not None:
-                self._reports.note(key, note.broker, event.seq, event.hash)
-        elif note.broker is not None:
-            if note.head is not None:
-                self._reports.note(key, note.broker, *note.head)
-            elif note.empty:
-                self._reports.note(key, note.broker, -1, b"")
+                    state.need_sync(key)
+            elif place == Placement.SYNC:
+                state.need_sync(key)
+        if note.broker is not None:
+            state.note_commit(key, note.broker, note.commit)
 
     async def _pass(self) -> None:
         self._blocked = None
-        keys = [k for k in self.keys if k in self._look]
+        keys = self._state.take_looks()
         fresh = False
         while True:
-            self._look.clear()
             behind = False
             for key in keys:
                 behind = await self._advance(key, offer=fresh or not self._causal) or behind
             if not behind or fresh:
                 return
-            # Causal order needs current heads of every criterion before it
+            # Causal order needs current commits of every criterion before it
             # releases anything: an event may depend on one not yet notified.
             fresh = True
             await self.renew()
@@ -620,70 +620,53 @@ class Feed:
 
     async def _sync_now(self, key: bytes) -> None:
         self._counts["gaps"] += 1
-        try:
-            await self.service.replicator.sync(key, quorum=False)
-        except KettenError:
-            self._counts["sync_failures"] += 1
+        feeds = self.feeds
+        for broker, _pos in self._state.reports(key):
+            if broker == feeds.own().key:
+                continue
+            try:
+                members = await feeds.members(key)
+            except KettenError:
+                break
+            member = next((m for m in members if m.key == broker), None)
+            if member is None:
+                continue
+            try:
+                await feeds.pull(feeds.address(member), key)
+                return
+            except KettenError:
+                continue
+        self._counts["sync_failures"] += 1
 
-    async def _held(self, key: bytes) -> tuple[list[int], int | None, list[bytes]]:
-        """Per broker, the seq up to which it holds our chain; the highest head any broker
-        reported; the brokers whose report is ahead of or off our chain."""
-        store = self.node.store
-        replicator = self.service.replicator
-        head = await store.head(key)
-        top = head.seq if head is not None else -1
-        held: list[int] = []
-        seen: int | None = None
-        off: list[bytes] = []
-        reports = self._reports.of(key)
-        for peer in await replicator.replicas(key):
-            if replicator.is_self(peer):
-                held.append(top)
-                seen = max(seen if seen is not None else -1, top)
-                continue
-            report = reports.get(peer.node_id)
-            if report is None:
-                continue
-            seq, event_hash = report
-            seen = max(seen if seen is not None else -1, seq)
-            if seq < 0:
-                held.append(-1)
-                continue
-            if seq > top:
-                off.append(peer.node_id)
-                continue
-            found = await store.range(key, seq, seq + 1)
-            if found and found[0].hash == event_hash:
-                held.append(seq)
-            else:
-                off.append(peer.node_id)
-        return held, seen, off
+    async def _confirmed(self, key: bytes) -> tuple[int | None, bool]:
+        chains = self.feeds.chains
+        head = await chains.head_pos(key)
+        wanted = self._state.wanted(key)
+        own = self.feeds.local_commit(key)
+        if own is not None:
+            wanted = [*wanted, own[0]]
+        hashes = await chains.hashes(key, wanted)
+        return self._state.confirmed(key, head, hashes, own)
 
     async def _advance(self, key: bytes, *, offer: bool) -> bool:
-        """Catch up on ``key`` and offer what a majority holds; True if there was
-        something new to offer that ``offer=False`` kept back."""
+        """Catch up on ``key`` and offer what is committed; True if there was something
+        new to offer that ``offer=False`` kept back."""
         synced = False
-        if key in self._sync:
-            del self._sync[key]
+        if self._state.take_sync(key):
             await self._sync_now(key)
             synced = True
-        held, seen, off = await self._held(key)
-        if off and not synced:
+        confirmed, behind = await self._confirmed(key)
+        if behind and not synced:
             await self._sync_now(key)
-            held, seen, off = await self._held(key)
-        # Reports still ahead of or off our chain after a sync are stale or from
-        # a losing branch: forget them; the next head check renews them.
-        for broker in off:
-            self._reports.drop(key, broker)
-        confirmed = confirmed_seq(held, self._need)
-        nxt = self._offered[key]
+            confirmed, behind = await self._confirmed(key)
+        nxt = self._state.next_seq(key)
         if confirmed is not None and confirmed >= nxt and not offer:
             return True
         out: list[Event] = []
         if confirmed is not None and confirmed >= nxt:
             out.extend(await self._offer_range(key, nxt, confirmed))
-        if self._causal and seen is not None:
-            mark = max(seen, confirmed if confirmed is not None else -1)
+        if self._causal:
+            mark = confirmed if confirmed is not None else -1
             try:
                 out.extend(self.delivery.note_head(key, None if mark < 0 else mark))
             except HoldbackFull as exc:
@@ -698,7 +681,7 @@ class Feed:
         out: list[Event] = []
         seq = start
         while seq <= stop:
-            page = await self.node.store.range(key, seq, min(stop + 1, seq + _PAGE))
+            page = await self.feeds.chains.range(key, seq, min(stop + 1, seq + _PAGE))
             if not page:
                 break
             for event in page:
@@ -708,24 +691,14 @@ class Feed:
                     self._blocked = exc
                     self._counts["holdback_full"] += 1
                     return out
-                seq = self._offered[key] = event.seq + 1
+                self._state.offered(key, event.seq)
+                seq = event.seq + 1
         return out
 
     def _emit(self, events: list[Event]) -> None:
         for event in events:
-            self.node.observe_clock(event)
+            self.observe(event)
         self._ready.extend(events)
-
-
-def _make_feed(node: Node, service: SubscriptionService, keys: tuple[bytes, ...], sid: bytes,
-               delivery: str | None, start: Mapping[bytes, int],
-               options: Mapping[str, Any] | None) -> Feed:
-    name = delivery if delivery is not None else node.config.delivery
-    if not isinstance(name, str) or not name:
-        raise UsageError("delivery must be a delivery plugin name")
-    plugin_options = {**(options or {}), "criteria": keys, "start": dict(start)}
-    made = make_plugin(node.plugins, "delivery", name, plugin_options, node)
-    return Feed(node, service, keys, sid, made, start)
 
 
 @attrs.define(eq=False)
@@ -755,13 +728,17 @@ class Subscription:
         return self._feed.pop()
 
 
-async def _start_positions(node: Node, keys: tuple[bytes, ...],
-                           start: int | str | Mapping[Any, int]) -> dict[bytes, int]:
+MakeFeed = Callable[[tuple[bytes, ...], bytes, "str | None", Mapping[bytes, int],
+                     "Mapping[str, Any] | None"], Feed]
+
+
+async def start_positions(keys: tuple[bytes, ...], start: int | str | Mapping[Any, int],
+                          head: Callable[[bytes], Awaitable[Pos | None]]) -> dict[bytes, int]:
     if start == "head":
         positions: dict[bytes, int] = {}
         for key in keys:
-            head = await node.sync(key)
-            positions[key] = head.seq + 1 if head is not None else 0
+            pos = await head(key)
+            positions[key] = pos[0] + 1 if pos is not None else 0
         return positions
     if type(start) is int and start >= 0:
         return dict.fromkeys(keys, start)
@@ -780,16 +757,16 @@ async def _start_positions(node: Node, keys: tuple[bytes, ...],
 
 @asynccontextmanager
 async def open_subscription(
-    node: Node, service: SubscriptionService, criteria: Any, *, delivery: str | None,
-    start: int | str | Mapping[Any, int], options: Mapping[str, Any] | None,
+    feeds: Feeds, nursery: trio.Nursery, make_feed: MakeFeed, criteria: Any, *,
+    delivery: str | None, start: int | str | Mapping[Any, int],
+    options: Mapping[str, Any] | None, head: Callable[[bytes], Awaitable[Pos | None]],
 ) -> AsyncIterator[Subscription]:
     """See :meth:`ketten.Node.subscribe`."""
     keys = parse_criteria(criteria)
-    nursery = node.nursery
-    positions = await _start_positions(node, keys, start)
-    sid = service.replicator.rng.randbytes(SID_SIZE)
-    feed = _make_feed(node, service, keys, sid, delivery, positions, options)
-    service.attach(feed)
+    positions = await start_positions(keys, start, head)
+    sid = feeds.rng.randbytes(SID_SIZE)
+    feed = make_feed(keys, sid, delivery, positions, options)
+    feeds.attach(feed)
     scope: trio.CancelScope | None = None
     try:
         scope = await nursery.start(feed.maintain)
@@ -797,8 +774,8 @@ async def open_subscription(
     finally:
         if scope is not None:
             scope.cancel()
-        service.detach(feed)
-        with trio.CancelScope(shield=True), trio.move_on_after(node.config.request_timeout):
+        feeds.detach(feed)
+        with trio.CancelScope(shield=True), trio.move_on_after(feeds.request_timeout):
             await feed.renew(live=False)
 
 
@@ -817,16 +794,15 @@ class DurableSubscription:
     cursor was written but before the application acted on the event, the
     event counts as delivered: side effects of :meth:`get` are at most once.
     :meth:`next` moves the cursor only after the application's block has
-    finished, which makes processing at least once. Only events that a
-    majority of their brokers hold are delivered, so no delivered event is
-    ever rolled back by fork resolution.
+    finished, which makes processing at least once. Only committed events
+    are delivered, so no delivered event is ever rolled back.
     """
 
-    node: Node
-    service: SubscriptionService
+    feeds: Feeds
     name: str
     _feed: Feed
     _state: CursorState
+    request_timeout: float
     _scope: trio.CancelScope | None = None
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _closed: bool = attrs.field(default=False, init=False)
@@ -898,7 +874,8 @@ class DurableSubscription:
                 f"{state.next.get(event.criterion)})")
         advanced = state.advance(event.criterion, event.seq, event.hash)
         with trio.CancelScope(shield=True):
-            await self.node.store.put_cursor(_DURABLE_CURSOR + self.name, advanced.encode())
+            await self.feeds.chains.store.put_cursor(_DURABLE_CURSOR + self.name,
+                                                     advanced.encode())
         self._state = advanced
 
     async def aclose(self) -> None:
@@ -907,7 +884,7 @@ class DurableSubscription:
         if self._scope is not None:
             self._scope.cancel()
             self._scope = None
-        self.service.detach(self._feed)
+        self.feeds.detach(self._feed)
         self._closed = True
 
     async def unsubscribe(self) -> None:
@@ -919,25 +896,26 @@ class DurableSubscription:
         """
         async with self._lock:
             await self.aclose()
-            with trio.move_on_after(self.node.config.request_timeout * 2):
+            with trio.move_on_after(self.request_timeout * 2):
                 await self._feed.renew(live=False)
             closed = attrs.evolve(self._state, closed=True)
             with trio.CancelScope(shield=True):
-                await self.node.store.put_cursor(_DURABLE_CURSOR + self.name, closed.encode())
+                await self.feeds.chains.store.put_cursor(_DURABLE_CURSOR + self.name,
+                                                         closed.encode())
             self._state = closed
 
 
 async def open_durable(
-    node: Node, service: SubscriptionService, name: str, criteria: Any, *,
-    delivery: str | None, options: Mapping[str, Any] | None,
+    feeds: Feeds, nursery: trio.Nursery, make_feed: MakeFeed, own_key: bytes, name: str,
+    criteria: Any, *, delivery: str | None, options: Mapping[str, Any] | None,
 ) -> DurableSubscription:
     """See :meth:`ketten.Node.durable_subscription`."""
     if not isinstance(name, str) or not name or len(name) > 200:
         raise UsageError("a durable subscription name must be a string of 1 to 200 characters")
     keys = parse_criteria(criteria)
-    nursery = node.nursery
     cursor = _DURABLE_CURSOR + name
-    stored = await node.store.get_cursor(cursor)
+    store = feeds.chains.store
+    stored = await store.get_cursor(cursor)
     state: CursorState | None = None
     if stored is not None:
         try:
@@ -950,15 +928,14 @@ async def open_durable(
             raise UsageError(f"durable subscription {name!r} exists with other criteria")
     if state is None:
         state = CursorState.fresh(keys)
-        await node.store.put_cursor(cursor, state.encode())
-    sid = hashlib.sha256(b"ketten-durable\0" + node.identity.public_key + name.encode()
-                         ).digest()[:SID_SIZE]
-    feed = _make_feed(node, service, state.criteria, sid, delivery, state.next, options)
-    service.attach(feed)
-    sub = DurableSubscription(node, service, name, feed, state)
+        await store.put_cursor(cursor, state.encode())
+    sid = hashlib.sha256(b"ketten-durable\0" + own_key + name.encode()).digest()[:SID_SIZE]
+    feed = make_feed(state.criteria, sid, delivery, state.next, options)
+    feeds.attach(feed)
+    sub = DurableSubscription(feeds, name, feed, state, feeds.request_timeout)
     try:
         sub._scope = await nursery.start(feed.maintain)
     except BaseException:
-        service.detach(feed)
+        feeds.detach(feed)
         raise
     return sub

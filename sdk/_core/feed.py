@@ -1,0 +1,124 @@
+"""A subscription's receiving end, sans-IO: what is committed, what to fetch, what to offer.
+
+Brokers report commit positions (with every lease renewal) and notify
+committed events. :class:`FeedState` keeps, per criterion, the commit
+positions each broker reported, the next seq to hand to the delivery
+plugin, and whether the local copy must catch up. It decides from facts
+the driver reads (the local head, the local hashes at reported positions);
+it never touches the network or the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from .event import Event
+from .membership import Pos
+
+__all__ = ["FeedState", "Placement"]
+
+
+class Placement:
+    STORE = "store"
+    """The event extends the local chain: store it."""
+    SYNC = "sync"
+    """It is ahead of the local chain: catch up first."""
+    KNOWN = "known"
+    """The local chain already holds this position."""
+
+
+@attrs.define(eq=False)
+class FeedState:
+    """Positions and reports of one subscription over ``keys``."""
+
+    keys: tuple[bytes, ...]
+    start: Mapping[bytes, int]
+    _next: dict[bytes, int] = attrs.field(init=False)
+    _reports: dict[bytes, dict[bytes, Pos]] = attrs.field(factory=dict, init=False)
+    _sync: set[bytes] = attrs.field(factory=set, init=False)
+    _look: set[bytes] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._next = {key: self.start.get(key, 0) for key in self.keys}
+        self._look = set(self.keys)
+
+    def next_seq(self, key: bytes) -> int:
+        return self._next[key]
+
+    def offered(self, key: bytes, seq: int) -> None:
+        """Events up to ``seq`` were handed to the delivery plugin."""
+        if seq + 1 > self._next[key]:
+            self._next[key] = seq + 1
+
+    def look(self, key: bytes | None = None) -> None:
+        """Look at ``key`` (default: every criterion) on the next pass."""
+        if key is None:
+            self._look.update(self.keys)
+        else:
+            self._look.add(key)
+
+    def take_looks(self) -> list[bytes]:
+        keys = [k for k in self.keys if k in self._look]
+        self._look.clear()
+        return keys
+
+    def note_commit(self, key: bytes, broker: bytes, pos: Pos | None) -> None:
+        """``broker`` reported ``pos`` committed (``None``: nothing committed yet)."""
+        if pos is None:
+            return
+        reports = self._reports.setdefault(key, {})
+        known = reports.get(broker)
+        if known is None or pos[0] >= known[0]:
+            reports[broker] = pos
+        self._look.add(key)
+
+    def place(self, event: Event, head: Pos | None) -> str:
+        """Where a notified (committed) event stands against the local head."""
+        if head is None:
+            return Placement.STORE if event.seq == 0 else Placement.SYNC
+        if event.seq <= head[0]:
+            return Placement.KNOWN
+        if event.seq == head[0] + 1 and event.prev == head[1]:
+            return Placement.STORE
+        return Placement.SYNC
+
+    def need_sync(self, key: bytes) -> None:
+        self._sync.add(key)
+        self._look.add(key)
+
+    def take_sync(self, key: bytes) -> bool:
+        if key in self._sync:
+            self._sync.discard(key)
+            return True
+        return False
+
+    def wanted(self, key: bytes) -> list[int]:
+        """The seqs whose local hashes :meth:`confirmed` needs."""
+        return sorted({pos[0] for pos in self._reports.get(key, {}).values()})
+
+    def confirmed(self, key: bytes, head: Pos | None, hashes: Mapping[int, bytes],
+                  own: Pos | None = None) -> tuple[int | None, bool]:
+        """The highest seq known committed *on the local chain*, and whether some
+        broker reported a commit the local chain does not hold yet (catch up).
+
+        ``hashes`` are the local hashes at :meth:`wanted`; ``own`` a commit
+        this node knows itself (it is a broker of the chain).
+        """
+        best: int | None = None
+        behind = False
+        head_seq = -1 if head is None else head[0]
+        candidates: list[Pos] = list(self._reports.get(key, {}).values())
+        if own is not None:
+            candidates.append(own)
+        for seq, value in candidates:
+            if seq > head_seq:
+                behind = True
+                continue
+            if hashes.get(seq) == value and (best is None or seq > best):
+                best = seq
+        return best, behind
+
+    def reports(self, key: bytes) -> Sequence[tuple[bytes, Pos]]:
+        return sorted(self._reports.get(key, {}).items(), key=lambda item: -item[1][0])

@@ -1,0 +1,655 @@
+"""One broker's replica of one chain, sans-IO: elections, appends, commits.
+
+The chain is replicated the way Raft replicates a log, with a leader per
+chain and term, elected on demand:
+
+* **Terms and votes.** A broker votes once per term (``voted_for`` is
+  durable before the answer leaves). A candidate first asks for *pre-votes*
+  (granted only by brokers that have not heard from a live leader lately),
+  then for votes; a quorum of the configuration in force (both majorities
+  while joint) makes it leader.
+* **Log terms instead of entry terms.** Events are signed by their authors
+  before any leader sees them, so they carry no term. Each broker instead
+  keeps ``log_term``: the term of the leader its chain was last brought in
+  line with. A leader of term ``T`` first brings a follower to its *start*
+  (its head when elected), cutting off anything the follower held beyond
+  it; only then does the follower take ``log_term = T``, and from then on it
+  only appends what that leader sends (its chain stays a prefix of the
+  leader's). Elections compare ``(log_term, head seq, epoch)``: a committed
+  event is held by a quorum whose ``log_term`` is at least the term that
+  committed it, and whoever beats them holds it too.
+* **Commit.** The leader counts a follower for position ``s`` once the
+  follower's ``log_term`` is the current term and its head is at ``s`` or
+  beyond; a quorum of the configuration in force commits ``s``.
+* **Configurations** are made only by a leader, one change at a time (a
+  joint configuration, then the new one), and travel with the events in
+  chain order; each broker uses the latest one it holds.
+
+The driver feeds messages, facts read from the store and ``now``; this
+object answers with acknowledgements, store changes, state to persist and
+what to send. It never reads a clock or touches a store.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+from .event import Event
+from .membership import ChainConfig, ChainState, Member, Pos
+
+__all__ = [
+    "AckStatus",
+    "AppendAckData",
+    "AppendOutcome",
+    "AppendPlan",
+    "Progress",
+    "Replica",
+    "Role",
+    "VoteAnswer",
+    "log_rank",
+]
+
+
+class Role(enum.Enum):
+    FOLLOWER = "follower"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+class AckStatus(enum.Enum):
+    OK = "ok"
+    """Applied: the head and log term say where the follower stands."""
+    STALE_TERM = "stale-term"
+    """The sender's term is older than ours (the leader is deposed)."""
+    GAP = "gap"
+    """The events do not reach our head: send from our head on."""
+    MISMATCH = "mismatch"
+    """Our chain differs at ``prev``: the locator says what we hold."""
+    REFUSED = "refused"
+    """We will not apply this (it would cut off committed events, or breaks the rules)."""
+
+
+@attrs.frozen
+class AppendAckData:
+    status: AckStatus
+    term: int
+    log_term: int
+    head: Pos | None
+    epoch: int
+    commit: Pos | None = None
+    reason: str = ""
+
+
+@attrs.frozen
+class AppendOutcome:
+    """What a follower does with one append: store changes first, then the state, then the ack."""
+
+    ack: AppendAckData
+    truncate_from: int | None = None
+    """Cut the chain from this seq on (the cut events become orphans)."""
+    append: tuple[Event, ...] = ()
+    """Append these after the cut (already linked; the driver verifies signatures)."""
+    state: ChainState | None = None
+    """Persist this state durably before acknowledging."""
+    committed: Pos | None = None
+    """The commit position advanced to this."""
+
+
+@attrs.frozen
+class VoteAnswer:
+    granted: bool
+    term: int
+    state: ChainState | None = None
+    """Persist this state durably before answering."""
+
+
+@attrs.frozen
+class AppendPlan:
+    """What the leader would send a member now: the driver reads the events.
+
+    ``prev`` is the seq the events follow (-1: from the genesis); events
+    ``first..last`` inclusive (``last < first``: none). ``round`` is the
+    barrier round this send confirms.
+    """
+
+    member: bytes
+    prev: int
+    first: int
+    last: int
+    term: int
+    start: Pos | None
+    commit: Pos | None
+    configs: tuple[ChainConfig, ...]
+    round: int
+
+
+@attrs.define(eq=False)
+class Progress:
+    """The leader's view of one member."""
+
+    match: int = -1
+    """Highest seq the member holds in line with us (valid once ``synced``)."""
+    synced: bool = False
+    """The member's log term is ours."""
+    next: int | None = None
+    """Next seq to send; ``None``: ask whether it holds our start."""
+    epoch: int = 0
+    commit_sent: int = -2
+    inflight: bool = False
+    acked_round: int = 0
+    last_ack: float = float("-inf")
+    learner: bool = False
+    failures: int = 0
+
+
+def log_rank(log_term: int, head: Pos | None, epoch: int) -> tuple[int, int, int]:
+    """How up to date a chain is, for elections (higher is more)."""
+    return log_term, -1 if head is None else head[0], epoch
+
+
+@attrs.define(eq=False)
+class Replica:
+    """One chain at one broker. ``own`` is this broker's public key."""
+
+    criterion: bytes
+    own: bytes
+    state: ChainState
+    head: Pos | None
+    election_timeout: float = 3.0
+    role: Role = Role.FOLLOWER
+    leader: bytes | None = None
+    heard: float = float("-inf")
+    """When we last accepted an append from the leader of our term."""
+    start: Pos | None = None
+    progress: dict[bytes, Progress] = attrs.field(factory=dict)
+    votes: set[bytes] = attrs.field(factory=set)
+    voting: bool = False
+    pre: bool = False
+    round: int = 0
+    """The latest barrier round the leader started (reads wait for one)."""
+    _confirmed_round: int = 0
+
+    # -- facts ---------------------------------------------------------------
+
+    @property
+    def config(self) -> ChainConfig | None:
+        return self.state.config
+
+    @property
+    def term(self) -> int:
+        return self.state.term
+
+    @property
+    def commit(self) -> Pos | None:
+        return self.state.commit
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role is Role.LEADER
+
+    def is_voter(self, key: bytes | None = None) -> bool:
+        config = self.config
+        return config is not None and config.is_voter(self.own if key is None else key)
+
+    def rank(self) -> tuple[int, int, int]:
+        return log_rank(self.state.log_term, self.head, self.state.epoch)
+
+    def leader_active(self, now: float) -> bool:
+        """Have we heard from a live leader of our term lately (or are we it)?"""
+        if self.role is Role.LEADER:
+            return True
+        return self.leader is not None and now - self.heard < self.election_timeout
+
+    def _evolve(self, **changes: object) -> ChainState:
+        self.state = attrs.evolve(self.state, **changes)  # type: ignore[arg-type]
+        return self.state
+
+    def _step_down(self, term: int) -> ChainState | None:
+        """Follow (and, for a newer term, forget the vote). Returns state to persist."""
+        persist = None
+        if term > self.state.term:
+            persist = self._evolve(term=term, voted_for=None)
+        if self.role is not Role.FOLLOWER:
+            self.role = Role.FOLLOWER
+            self.progress.clear()
+            self.start = None
+            self.voting = False
+            self.votes.clear()
+        if term > self.state.term or persist is not None:
+            self.leader = None
+        return persist
+
+    # -- follower ------------------------------------------------------------
+
+    def on_append(
+        self,
+        sender: bytes,
+        term: int,
+        start: Pos | None,
+        prev: Pos | None,
+        events: Sequence[Event],
+        commit: Pos | None,
+        configs: Sequence[ChainConfig],
+        now: float,
+        hashes: Mapping[int, bytes],
+    ) -> AppendOutcome:
+        """An append from the leader of ``term``.
+
+        ``hashes`` are our own event hashes at the seqs the message touches
+        (``prev``, each event's seq, ``start``), for the ones we hold. In a
+        new term only events up to ``start`` arrive; once our chain reaches
+        the start we cut anything after it and take the new log term.
+        """
+        st = self.state
+        if term < st.term:
+            return AppendOutcome(self._ack(AckStatus.STALE_TERM))
+        latest = configs[-1] if configs else None
+        if latest is not None and not latest.is_voter(sender):
+            return AppendOutcome(self._ack(AckStatus.REFUSED, "the sender is not a voter"))
+        if term == st.term and self.role is Role.LEADER:
+            return AppendOutcome(self._ack(AckStatus.REFUSED, "two leaders in one term"))
+        persist = self._step_down(term)
+        self.role = Role.FOLLOWER
+        self.leader = sender
+        self.heard = now
+        synced = self.state.log_term == term
+        head = self.head
+        head_seq = -1 if head is None else head[0]
+        if synced and self._diverged(prev, events, head_seq, hashes):
+            # In line with this leader our chain is a prefix of its chain; if it
+            # is not, our store changed behind our back. Be brought in line again.
+            synced = False
+            persist = self._evolve(log_term=0)
+        if prev is not None:
+            if prev[0] > head_seq:
+                return AppendOutcome(self._ack(AckStatus.GAP), state=persist)
+            if hashes.get(prev[0]) != prev[1]:
+                return AppendOutcome(self._ack(AckStatus.MISMATCH), state=persist)
+        elif events and events[0].seq != 0:
+            return AppendOutcome(self._ack(AckStatus.REFUSED, "events without a predecessor"),
+                                 state=persist)
+        cut: int | None = None
+        fresh: list[Event] = []
+        position = -1 if prev is None else prev[0]
+        for event in events:
+            seq = event.seq
+            if seq != position + 1:
+                return AppendOutcome(self._ack(AckStatus.REFUSED, "events out of order"),
+                                     state=persist)
+            position = seq
+            if fresh:
+                fresh.append(event)
+            elif seq <= head_seq and hashes.get(seq) == event.hash:
+                continue
+            elif seq <= head_seq:
+                cut = seq
+                fresh.append(event)
+            else:
+                fresh.append(event)
+        last = position if events else (prev[0] if prev is not None else -1)
+        if fresh:
+            new_head: Pos | None = (fresh[-1].seq, fresh[-1].hash)
+        elif cut is None:
+            new_head = head
+        else:  # pragma: no cover - a cut always comes with events
+            new_head = None
+        if not synced:
+            # Do we now hold the leader's start? Then everything after it is stale.
+            reached = False
+            if start is None:
+                reached = True
+                if head is not None and cut is None and not fresh:
+                    cut = 0
+                    new_head = None
+            else:
+                held = None
+                for event in fresh:
+                    if event.seq == start[0]:
+                        held = event.hash
+                if held is None and start[0] <= head_seq and (cut is None or start[0] < cut):
+                    held = hashes.get(start[0])
+                if held == start[1]:
+                    reached = True
+                    tail_end = new_head[0] if new_head is not None else -1
+                    if tail_end > start[0]:
+                        if cut is None or cut > start[0] + 1:
+                            if fresh and fresh[-1].seq > start[0]:  # pragma: no cover
+                                fresh = [e for e in fresh if e.seq <= start[0]]
+                            cut = start[0] + 1 if cut is None else min(cut, start[0] + 1)
+                        new_head = start
+            if cut is not None and not self._may_cut(cut):
+                return AppendOutcome(self._ack(AckStatus.REFUSED, "the leader's chain lacks a "
+                                               "committed event"), state=persist)
+            self.head = new_head
+            if reached:
+                adopted = tuple(c for c in configs if c.at <= (start[0] if start else -1))
+                if not adopted:
+                    adopted = tuple(configs[-1:])
+                changes: dict[str, object] = {"log_term": term}
+                if adopted:
+                    changes["configs"] = adopted
+                if commit is not None and new_head is not None and commit[0] <= new_head[0]:
+                    if self.state.commit is None or self.state.commit[0] < commit[0]:
+                        changes["commit"] = commit
+                persist = self._evolve(**changes)
+            elif persist is not None or cut is not None:
+                persist = self.state
+            committed = self.state.commit if reached else None
+            return AppendOutcome(self._ack(AckStatus.OK), truncate_from=cut, append=tuple(fresh),
+                                 state=persist, committed=committed)
+        # In line with this leader: only ever extend.
+        self.head = new_head
+        changes = {}
+        mine = self.state.config
+        if configs and (mine is None or configs[-1].epoch >= mine.epoch):
+            reach = new_head[0] if new_head is not None else -1
+            adopted = tuple(c for c in configs if c.at <= max(reach, last))
+            if adopted and adopted != self.state.configs:
+                changes["configs"] = adopted
+        committed = None
+        if commit is not None and new_head is not None and commit[0] <= new_head[0]:
+            if self.state.commit is None or self.state.commit[0] < commit[0]:
+                changes["commit"] = commit
+                committed = commit
+        if changes:
+            persist = self._evolve(**changes)
+        return AppendOutcome(self._ack(AckStatus.OK), append=tuple(fresh), state=persist,
+                             committed=committed)
+
+    @staticmethod
+    def _diverged(prev: Pos | None, events: Sequence[Event], head_seq: int,
+                  hashes: Mapping[int, bytes]) -> bool:
+        if prev is not None and prev[0] <= head_seq and hashes.get(prev[0]) != prev[1]:
+            return True
+        return any(e.seq <= head_seq and hashes.get(e.seq) != e.hash for e in events)
+
+    def _may_cut(self, seq: int) -> bool:
+        commit = self.state.commit
+        return commit is None or seq > commit[0]
+
+    def _ack(self, status: AckStatus, reason: str = "") -> AppendAckData:
+        return AppendAckData(status, self.state.term, self.state.log_term, self.head,
+                             self.state.epoch, self.state.commit, reason)
+
+    def on_commit_learned(self, commit: Pos) -> ChainState | None:
+        """A commit position learned elsewhere (a peer holding the same events)."""
+        if self.head is None or commit[0] > self.head[0]:
+            return None
+        if self.state.commit is not None and self.state.commit[0] >= commit[0]:
+            return None
+        return self._evolve(commit=commit)
+
+    def adopt_committed_config(self, config: ChainConfig) -> ChainState | None:
+        """A configuration a peer reports committed, newer than ours."""
+        if config.epoch <= self.state.epoch:
+            return None
+        return self._evolve(configs=(config,))
+
+    # -- elections -----------------------------------------------------------
+
+    def on_vote(self, sender: bytes, term: int, pre: bool, rank: tuple[int, int, int],
+                now: float, *, force: bool = False,
+                proposed: ChainConfig | None = None) -> VoteAnswer:
+        """A (pre-)vote request of ``sender`` for ``term``.
+
+        ``proposed`` is the first configuration of a chain being created; a
+        broker with no configuration yet judges the request by it.
+        """
+        st = self.state
+        config = st.config
+        if config is None and proposed is not None and proposed.is_voter(self.own):
+            config = proposed
+        if config is None or not config.is_voter(sender) or not config.is_voter(self.own):
+            return VoteAnswer(False, st.term)
+        up_to_date = rank >= self.rank()
+        if pre:
+            granted = (term > st.term and up_to_date
+                       and (force or not self.leader_active(now)))
+            return VoteAnswer(granted, st.term)
+        if term < st.term:
+            return VoteAnswer(False, st.term)
+        if not force and term > st.term and self.leader_active(now) and self.role is not Role.LEADER:
+            return VoteAnswer(False, st.term)
+        persist = self._step_down(term)
+        if st.config is None and proposed is not None:
+            persist = self._evolve(configs=(proposed,))
+        if self.state.voted_for in (None, sender) and up_to_date:
+            if self.state.voted_for != sender:
+                persist = self._evolve(voted_for=sender)
+            return VoteAnswer(True, self.state.term, persist)
+        return VoteAnswer(False, self.state.term, persist)
+
+    def begin_election(self, *, pre: bool) -> tuple[int, list[Member]] | None:
+        """Start a (pre-)election; returns the term asked for and whom to ask.
+
+        ``None`` if this broker may not stand (no configuration, not a voter).
+        A real election raises the term and votes for itself: persist
+        :attr:`state` before sending.
+        """
+        config = self.config
+        if config is None or not config.is_voter(self.own):
+            return None
+        self.votes = {self.own}
+        self.voting = True
+        self.pre = pre
+        if pre:
+            term = self.state.term + 1
+        else:
+            self._evolve(term=self.state.term + 1, voted_for=self.own)
+            self.role = Role.CANDIDATE
+            self.leader = None
+            term = self.state.term
+        return term, [m for m in config.members() if m.key != self.own]
+
+    def on_vote_answer(self, sender: bytes, granted: bool, term: int) -> ChainState | None:
+        """Count an answer; returns state to persist if it showed a newer term."""
+        if term > self.state.term and not (self.pre and granted):
+            self.voting = False
+            return self._step_down(term)
+        if granted and self.voting:
+            self.votes.add(sender)
+        return None
+
+    def elected(self) -> bool:
+        config = self.config
+        return self.voting and config is not None and config.quorum(self.votes)
+
+    def become_leader(self, now: float) -> ChainState:
+        """Take over: our head is the start every follower is brought to."""
+        self.role = Role.LEADER
+        self.leader = self.own
+        self.voting = False
+        self.start = self.head
+        self.heard = now
+        self.progress = {}
+        config = self.config
+        assert config is not None
+        for member in config.members():
+            if member.key != self.own:
+                self.progress[member.key] = Progress()
+        return self._evolve(log_term=self.state.term)
+
+    # -- leader --------------------------------------------------------------
+
+    def local_appended(self, head: Pos) -> None:
+        """The leader's own store now durably holds events up to ``head``."""
+        self.head = head
+
+    def add_learner(self, key: bytes) -> None:
+        if key != self.own and key not in self.progress:
+            self.progress[key] = Progress(learner=True)
+
+    def drop_learner(self, key: bytes) -> None:
+        progress = self.progress.get(key)
+        if progress is not None and progress.learner:
+            del self.progress[key]
+
+    def plan(self, member: bytes, *, max_events: int = 1 << 30) -> AppendPlan | None:
+        """The append the leader owes ``member`` now, or ``None``."""
+        if self.role is not Role.LEADER:
+            return None
+        p = self.progress.get(member)
+        if p is None or p.inflight:
+            return None
+        head_seq = -1 if self.head is None else self.head[0]
+        commit = self.state.commit
+        configs = self.state.configs
+        if not p.synced:
+            target = -1 if self.start is None else self.start[0]
+            if p.next is None or p.next - 1 > target:
+                prev, first, last = target, target + 1, target
+            else:
+                prev, first = p.next - 1, p.next
+                last = min(target, first + max_events - 1)
+            configs = tuple(c for c in configs if c.at <= target) or configs[-1:]
+        else:
+            behind = p.match < head_seq
+            owes_commit = commit is not None and p.commit_sent < commit[0]
+            owes_config = p.epoch < self.state.epoch
+            owes_round = p.acked_round < self.round
+            if not (behind or owes_commit or owes_config or owes_round):
+                return None
+            prev, first = p.match, p.match + 1
+            last = min(head_seq, first + max_events - 1)
+            configs = tuple(c for c in configs if c.at <= max(last, prev)) or configs[-1:]
+        if commit is not None and commit[0] > max(last, prev):
+            commit = None
+        return AppendPlan(member, prev, first, last, self.state.term, self.start, commit,
+                          configs, self.round)
+
+    def sent(self, plan: AppendPlan) -> None:
+        p = self.progress.get(plan.member)
+        if p is not None:
+            p.inflight = True
+
+    def send_failed(self, member: bytes) -> None:
+        p = self.progress.get(member)
+        if p is not None:
+            p.inflight = False
+            p.failures += 1
+
+    def on_append_ack(self, member: bytes, plan: AppendPlan, ack: AppendAckData, now: float,
+                      *, locator_match: int | None = None) -> tuple[int | None, ChainState | None]:
+        """Take a member's answer to ``plan``.
+
+        ``locator_match`` is the highest seq of the member's locator that is on
+        our chain (for a mismatch). Returns a seq the commit may now advance
+        to (the driver resolves its hash and calls :meth:`commit_to`) and
+        state to persist (a newer term deposed us).
+        """
+        p = self.progress.get(member)
+        if p is not None:
+            p.inflight = False
+        if ack.term > self.state.term:
+            return None, self._step_down(ack.term)
+        if self.role is not Role.LEADER or p is None or ack.term != self.state.term:
+            return None, None
+        p.last_ack = now
+        p.failures = 0
+        p.acked_round = max(p.acked_round, plan.round)
+        head_seq = -1 if ack.head is None else ack.head[0]
+        if ack.status is AckStatus.OK:
+            if ack.log_term == self.state.term:
+                p.match = head_seq if not p.synced else max(p.match, head_seq)
+                p.synced = True
+                p.next = p.match + 1
+                p.epoch = max(p.epoch, ack.epoch)
+                if plan.commit is not None:
+                    p.commit_sent = max(p.commit_sent, plan.commit[0])
+            else:
+                # Still being brought to our start (or it lost its state).
+                p.synced = False
+                p.match = -1
+                p.next = head_seq + 1
+        elif ack.status is AckStatus.GAP:
+            if ack.log_term != self.state.term:
+                p.synced = False
+                p.match = -1
+            elif p.match > head_seq:
+                p.match = head_seq
+            p.next = head_seq + 1
+        elif ack.status is AckStatus.MISMATCH:
+            p.synced = False
+            p.match = -1
+            p.next = (locator_match if locator_match is not None else -1) + 1
+        elif ack.status is AckStatus.REFUSED:
+            p.failures += 1
+        return self._commit_candidate(), None
+
+    def _commit_candidate(self) -> int | None:
+        config = self.config
+        if config is None or self.role is not Role.LEADER or self.head is None:
+            return None
+        matches = {self.own: self.head[0]}
+        for key, p in self.progress.items():
+            if p.synced and not p.learner:
+                matches[key] = p.match
+        # Only members in line with this term count, and each of them holds our
+        # start: whatever a quorum of them holds is committed.
+        candidates = sorted({m for m in matches.values() if m >= 0}, reverse=True)
+        current = self.state.commit[0] if self.state.commit is not None else -1
+        for seq in candidates:
+            if seq <= current:
+                break
+            if config.quorum([k for k, m in matches.items() if m >= seq]):
+                return seq
+        return None
+
+    def commit_to(self, pos: Pos) -> ChainState | None:
+        """The commit advanced to ``pos`` (its hash resolved by the driver)."""
+        if self.state.commit is not None and self.state.commit[0] >= pos[0]:
+            return None
+        return self._evolve(commit=pos)
+
+    def config_committed(self) -> bool:
+        """Is the configuration in force acknowledged by a quorum of itself?"""
+        config = self.config
+        if config is None or self.role is not Role.LEADER:
+            return False
+        holders = [self.own] + [k for k, p in self.progress.items()
+                                if p.synced and p.epoch >= config.epoch and not p.learner]
+        return config.quorum(holders)
+
+    def propose_config(self, config: ChainConfig) -> ChainState:
+        """Make ``config`` the one in force (the leader's change; persist before sending)."""
+        assert self.role is Role.LEADER and config.epoch == self.state.epoch + 1
+        configs = (*self.state.configs, config)
+        for member in config.members():
+            p = self.progress.get(member.key)
+            if member.key == self.own:
+                continue
+            if p is None:
+                self.progress[member.key] = Progress()
+            else:
+                p.learner = False
+        return self._evolve(configs=configs)
+
+    def prune_configs(self) -> ChainState | None:
+        """Drop configurations older than the committed one in force."""
+        if len(self.state.configs) <= 1:
+            return None
+        state = self._evolve(configs=self.state.configs[-1:])
+        keep = self.state.configs[-1].keys()
+        for key in list(self.progress):
+            if key not in keep and not self.progress[key].learner:
+                del self.progress[key]
+        return state
+
+    def begin_round(self) -> int:
+        """Start a barrier round (a read confirms leadership with it)."""
+        self.round += 1
+        return self.round
+
+    def round_confirmed(self, round_: int) -> bool:
+        config = self.config
+        if config is None or self.role is not Role.LEADER:
+            return False
+        holders = [self.own] + [k for k, p in self.progress.items()
+                                if p.acked_round >= round_ and not p.learner]
+        return config.quorum(holders)
+
+    def members_to_send(self) -> list[bytes]:
+        return list(self.progress)

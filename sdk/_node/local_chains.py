@@ -1,0 +1,453 @@
+"""``LocalChains``: this node's chains over its store.
+
+One lock per chain (every change of a chain happens under it), caches of
+heads and writer policies, appends that arrive while the store is writing
+sharing its next transaction (group commit), verification of received
+runs of events, cutting a chain back (the cut events become orphans), and
+the durable replication state of each chain (a store cursor
+``ketten/chain/<key>``). Observers hear of appended and orphaned events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+
+import attrs
+import trio
+
+from .._core.chain import Verify, WriterPolicy, check_successor
+from .._core.event import Event
+from .._core.membership import ChainState, Pos
+from ..errors import (
+    BrokenLink,
+    DecodeError,
+    InvalidEvent,
+    KettenError,
+    StoreConflict,
+    StoreCorrupted,
+    StoreError,
+    WriterNotAllowed,
+)
+from ..interfaces import Store
+
+__all__ = ["STATE_PREFIX", "GroupCommit", "LocalChains"]
+
+STATE_PREFIX = "ketten/chain/"
+_MAX_CACHED = 1 << 16
+_PAGE = 256
+
+Appended = Callable[[Sequence[Event]], None]
+Orphaned = Callable[[bytes, Sequence[Event], Event | None], None]
+
+
+@attrs.define(eq=False)
+class _Slot:
+    done: trio.Event = attrs.field(factory=trio.Event)
+    error: BaseException | None = None
+    lead: bool = False
+
+
+@attrs.define(eq=False)
+class GroupCommit:
+    """Runs of events that arrive while the store is writing share its next transaction.
+
+    A durable store pays one sync per transaction; with many chains written
+    at once, one transaction per run would cap throughput at the disk's sync
+    rate. Callers hold their chain's lock, so a batch never holds two runs of
+    one chain; if the batch is refused, its runs are retried one by one so
+    that each caller gets its own answer. ``committed`` hears of every run
+    written, whether or not its caller still waits. A caller cancelled while
+    its run waits takes it out; once a transaction holds it, it is written.
+    """
+
+    store: Store
+    committed: Callable[[list[Event]], None]
+    _queue: list[tuple[list[Event], _Slot]] = attrs.field(factory=list, init=False)
+    _busy: bool = attrs.field(default=False, init=False)
+
+    async def append(self, events: list[Event]) -> None:
+        """Append ``events`` (one chain) durably. Raises what :meth:`Store.append` raises."""
+        slot = _Slot()
+        entry = (events, slot)
+        self._queue.append(entry)
+        if self._busy:
+            try:
+                await slot.done.wait()
+            except trio.Cancelled:
+                if entry in self._queue:
+                    self._queue.remove(entry)
+                    if slot.lead:
+                        self._hand_over()
+                raise
+            if not slot.lead:
+                if slot.error is not None:
+                    raise slot.error
+                return
+        self._busy = True
+        try:
+            batch, self._queue = self._queue, []
+            with trio.CancelScope(shield=True):
+                await self._write(batch)
+        finally:
+            self._hand_over()
+        if slot.error is not None:
+            raise slot.error
+
+    def _hand_over(self) -> None:
+        if self._queue:
+            successor = self._queue[0][1]
+            successor.lead = True
+            successor.done.set()
+        else:
+            self._busy = False
+
+    async def _write(self, batch: list[tuple[list[Event], _Slot]]) -> None:
+        for _, slot in batch:
+            slot.lead = False
+        try:
+            try:
+                await self.store.append([e for run, _ in batch for e in run])
+            except StoreError as exc:
+                if len(batch) == 1:
+                    batch[0][1].error = exc
+                else:
+                    for run, slot in batch:
+                        try:
+                            await self.store.append(run)
+                        except StoreError as single:
+                            slot.error = single
+            written = [e for run, slot in batch if slot.error is None for e in run]
+            if written:
+                self.committed(written)
+        except BaseException as exc:
+            for _, slot in batch:
+                if slot.error is None:
+                    slot.error = exc
+            raise
+        finally:
+            for _, slot in batch:
+                slot.done.set()
+
+
+@attrs.define(eq=False)
+class _Lock:
+    lock: trio.Lock = attrs.field(factory=trio.Lock)
+    users: int = 0
+
+
+@attrs.frozen
+class LocalStatistics:
+    events_appended: int
+    events_orphaned: int
+    invalid_events: int
+    state_writes: int
+
+
+@attrs.define(eq=False)
+class LocalChains:
+    """The chains of one node's store, with the rules every change goes through."""
+
+    store: Store
+    max_event_size: int
+    _locks: dict[bytes, _Lock] = attrs.field(factory=dict, init=False)
+    _heads: dict[bytes, Event | None] = attrs.field(factory=dict, init=False)
+    _policies: dict[bytes, WriterPolicy] = attrs.field(factory=dict, init=False)
+    _group: GroupCommit = attrs.field(init=False)
+    _appended: list[Appended] = attrs.field(factory=list, init=False)
+    _orphaned: list[Orphaned] = attrs.field(factory=list, init=False)
+    _counts: dict[str, int] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._group = GroupCommit(self.store, self._written)
+        self._counts = dict.fromkeys(attrs.fields_dict(LocalStatistics), 0)
+
+    def statistics(self) -> LocalStatistics:
+        return LocalStatistics(**self._counts)
+
+    def on_appended(self, observer: Appended) -> None:
+        """Call ``observer(events)`` after events were durably appended (any chains)."""
+        self._appended.append(observer)
+
+    def on_orphaned(self, observer: Orphaned) -> None:
+        """Call ``observer(criterion, orphans, new head)`` after a chain was cut back."""
+        self._orphaned.append(observer)
+
+    def count_invalid(self, count: int = 1) -> None:
+        self._counts["invalid_events"] += count
+
+    # -- locking -------------------------------------------------------------------
+
+    @asynccontextmanager
+    async def lock(self, criterion: bytes) -> AsyncIterator[None]:
+        """Hold the chain's lock: every change of the chain happens under it."""
+        entry = self._locks.get(criterion)
+        if entry is None:
+            entry = self._locks[criterion] = _Lock()
+        entry.users += 1
+        try:
+            try:
+                entry.lock.acquire_nowait()  # the usual case: no scheduler round trip
+            except trio.WouldBlock:
+                await entry.lock.acquire()
+            try:
+                yield
+            finally:
+                entry.lock.release()
+        finally:
+            entry.users -= 1
+            if entry.users == 0 and self._locks.get(criterion) is entry:
+                del self._locks[criterion]
+
+    # -- reading -------------------------------------------------------------------
+
+    async def head(self, criterion: bytes) -> Event | None:
+        if criterion in self._heads:
+            return self._heads[criterion]
+        head = await self.store.head(criterion)
+        if len(self._heads) >= _MAX_CACHED:
+            self._heads.clear()
+        self._heads[criterion] = head
+        return head
+
+    async def head_pos(self, criterion: bytes) -> Pos | None:
+        head = await self.head(criterion)
+        return None if head is None else (head.seq, head.hash)
+
+    def forget(self, criterion: bytes) -> None:
+        """Drop cached facts of a chain (after a failed write)."""
+        self._heads.pop(criterion, None)
+        self._policies.pop(criterion, None)
+
+    async def event_at(self, criterion: bytes, seq: int) -> Event | None:
+        if seq < 0:
+            return None
+        head = await self.head(criterion)
+        if head is not None and head.seq == seq:
+            return head
+        found = await self.store.range(criterion, seq, seq + 1)
+        return found[0] if found else None
+
+    async def hash_at(self, criterion: bytes, seq: int) -> bytes | None:
+        event = await self.event_at(criterion, seq)
+        return None if event is None else event.hash
+
+    async def hashes(self, criterion: bytes, seqs: Iterable[int]) -> dict[int, bytes]:
+        """Our hashes at ``seqs`` (those we hold)."""
+        wanted = sorted({s for s in seqs if s >= 0})
+        if not wanted:
+            return {}
+        head = await self.head(criterion)
+        if head is None:
+            return {}
+        out: dict[int, bytes] = {}
+        if wanted == [head.seq]:
+            return {head.seq: head.hash}
+        low, high = wanted[0], min(wanted[-1], head.seq)
+        if high - low < 1024:
+            for event in await self.store.range(criterion, low, high + 1):
+                out[event.seq] = event.hash
+            return {s: out[s] for s in wanted if s in out}
+        for seq in wanted:
+            value = await self.hash_at(criterion, seq)
+            if value is not None:
+                out[seq] = value
+        return out
+
+    async def range(self, criterion: bytes, start: int, stop: int | None = None) -> list[Event]:
+        return await self.store.range(criterion, max(start, 0), stop)
+
+    async def read_batch(self, criterion: bytes, start: int, budget: int,
+                         stop: int | None = None) -> tuple[list[bytes], bool]:
+        """Encoded events from ``start`` (to ``stop``, exclusive), at most ``budget`` bytes
+        but at least one event; and whether more follow."""
+        out: list[bytes] = []
+        used = 0
+        seq = max(start, 0)
+        while stop is None or seq < stop:
+            end = seq + _PAGE if stop is None else min(seq + _PAGE, stop)
+            page = await self.store.range(criterion, seq, end)
+            for event in page:
+                raw = event.to_bytes()
+                if out and used + len(raw) > budget:
+                    return out, True
+                out.append(raw)
+                used += len(raw)
+            if len(page) < end - seq:
+                return out, False
+            seq = end
+        return out, False
+
+    async def policy(self, criterion: bytes) -> WriterPolicy | None:
+        """The writer policy of a stored chain, or ``None`` if it has no genesis."""
+        policy = self._policies.get(criterion)
+        if policy is None:
+            first = await self.store.range(criterion, 0, 1)
+            if not first:
+                return None
+            if len(self._policies) >= _MAX_CACHED:
+                self._policies.clear()
+            policy = self._policies[criterion] = WriterPolicy.of(first[0])
+        return policy
+
+    def decode(self, raw: bytes, criterion: bytes, *, where: str) -> Event:
+        """An event from a peer, structure-checked and of the right chain."""
+        try:
+            event = Event.from_bytes(raw, max_size=self.max_event_size)
+        except DecodeError as exc:
+            raise DecodeError(str(exc), where=where) from None
+        if event.criterion != criterion:
+            raise DecodeError("an event of another chain", where=where)
+        return event
+
+    async def verify_run(self, criterion: bytes, prev: Pos | Event | None,
+                         events: Sequence[Event], *, signatures: bool = True) -> None:
+        """Check that ``events`` follow ``prev`` and each other, are signed by allowed writers.
+
+        Raises :class:`~ketten.errors.InvalidEvent` naming the seq.
+        """
+        if not events:
+            return
+        first = events[0]
+        if first.seq == 0:
+            policy: WriterPolicy | None = WriterPolicy.of(first)
+        else:
+            policy = await self.policy(criterion)
+            if policy is None:
+                policy = WriterPolicy()
+        link: bytes | None
+        expected: int
+        if prev is None:
+            link, expected = None, 0
+        elif isinstance(prev, Event):
+            link, expected = prev.hash, prev.seq + 1
+        else:
+            link, expected = prev[1], prev[0] + 1
+        verify = Verify.FULL if signatures else Verify.LINKS
+        try:
+            for event in events:
+                if event.criterion != criterion:
+                    raise BrokenLink(f"seq {event.seq} belongs to another criterion")
+                if event.seq != expected or (event.seq > 0 and event.prev != link):
+                    raise BrokenLink(f"seq {event.seq} does not follow seq {expected - 1}")
+                if event.seq == 0:
+                    check_successor(None, event, verify=verify)
+                    policy = WriterPolicy.of(event)
+                elif verify is Verify.FULL:
+                    if policy is not None and not policy.allows(event.author):
+                        raise WriterNotAllowed(f"seq {event.seq}: author "
+                                               f"{event.author.hex()[:16]} may not write here")
+                    event.verify()
+                link, expected = event.hash, event.seq + 1
+        except InvalidEvent:
+            self._counts["invalid_events"] += 1
+            raise
+
+    # -- writing -------------------------------------------------------------------
+
+    def _written(self, events: list[Event]) -> None:
+        self._counts["events_appended"] += len(events)
+        heads = self._heads
+        for event in events:
+            if len(heads) >= _MAX_CACHED:
+                heads.clear()
+            heads[event.criterion] = event
+        for observer in self._appended:
+            observer(events)
+
+    async def append(self, events: Sequence[Event]) -> None:
+        """Append a verified run of one chain (the caller holds its lock).
+
+        Raises :class:`~ketten.errors.StoreConflict` if it does not extend the head.
+        """
+        if not events:
+            return
+        try:
+            await self._group.append(list(events))
+        except StoreError:
+            self.forget(events[0].criterion)
+            raise
+
+    async def cut(self, criterion: bytes, seq: int, events: Sequence[Event] = ()) -> list[Event]:
+        """Cut the chain from ``seq`` on and append ``events`` in its place (atomic).
+
+        The cut events become orphans; observers hear of them. The caller
+        holds the chain's lock and has verified ``events``.
+        """
+        with trio.CancelScope(shield=True):
+            try:
+                orphans = await self.store.replace_from(criterion, seq, list(events))
+            except StoreError:
+                self.forget(criterion)
+                raise
+        self._heads.pop(criterion, None)
+        if seq == 0:
+            self._policies.pop(criterion, None)
+        self._counts["events_orphaned"] += len(orphans)
+        if events:
+            self._written(list(events))
+        head = events[-1] if events else await self.head(criterion)
+        if orphans:
+            for observer in self._orphaned:
+                observer(criterion, orphans, head)
+        return orphans
+
+    async def accept_committed(self, criterion: bytes, events: Sequence[Event]) -> int:
+        """Append committed events received from a peer where they extend our head.
+
+        Verifies them first. Returns how many were added (0 when they do not
+        extend the head: someone else wrote meanwhile). Raises
+        :class:`~ketten.errors.InvalidEvent`.
+        """
+        if not events:
+            return 0
+        async with self.lock(criterion):
+            head = await self.head(criterion)
+            fresh = [e for e in events if head is None or e.seq > head.seq]
+            if not fresh:
+                return 0
+            start = fresh[0]
+            if (head is None and start.seq != 0) or (
+                    head is not None and (start.seq != head.seq + 1 or start.prev != head.hash)):
+                return 0
+            await self.verify_run(criterion, head, fresh)
+            try:
+                await self.append(fresh)
+            except StoreConflict:
+                return 0
+            return len(fresh)
+
+    # -- replication state ---------------------------------------------------------
+
+    async def state(self, criterion: bytes) -> ChainState | None:
+        """The chain's durable replication state, or ``None`` if it has none.
+
+        Raises :class:`~ketten.errors.StoreCorrupted` if it is damaged.
+        """
+        raw = await self.store.get_cursor(STATE_PREFIX + criterion.hex())
+        if raw is None:
+            return None
+        try:
+            return ChainState.decode(raw, where=f"state of chain {criterion.hex()[:16]}")
+        except DecodeError as exc:
+            raise StoreCorrupted(str(exc), criterion=criterion) from None
+
+    async def save_state(self, criterion: bytes, state: ChainState) -> None:
+        """Store the chain's replication state durably (before anything depends on it)."""
+        with trio.CancelScope(shield=True):
+            await self.store.put_cursor(STATE_PREFIX + criterion.hex(), state.encode())
+        self._counts["state_writes"] += 1
+
+    async def states(self) -> dict[bytes, ChainState]:
+        """Every chain with replication state here (damaged entries are skipped)."""
+        out: dict[bytes, ChainState] = {}
+        found: Mapping[str, bytes] = await self.store.cursors(STATE_PREFIX)
+        for name, raw in found.items():
+            try:
+                key = bytes.fromhex(name[len(STATE_PREFIX):])
+                if len(key) != 32:
+                    continue
+                out[key] = ChainState.decode(raw)
+            except (ValueError, KettenError):
+                continue
+        return out

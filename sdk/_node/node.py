@@ -1,0 +1,706 @@
+"""``Node``: the composition root and public façade.
+
+It builds the plugins by name, builds the parts (:class:`Rpc`,
+:class:`LocalChains`, :class:`ReplicaSets`, :class:`Replicator`,
+:class:`Broker`, :class:`Publisher`, :class:`Feeds`), wires them with the
+narrow callables each needs, runs their tasks in its nursery and forwards
+the public methods. No part holds a reference to the node.
+"""
+
+from __future__ import annotations
+
+import random
+import time as _time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Any
+
+import attrs
+import pluggy
+import trio
+
+from .._core.chain import Chain, Verify
+from .._core.event import Event
+from .._core.identity import Identity, criterion_key
+from .._core.membership import Member, Pos
+from .._core.messages import CommitQuery
+from ..errors import (
+    InternalError,
+    KettenError,
+    PeerUnreachable,
+    QuorumUnavailable,
+    UsageError,
+)
+from ..interfaces import Clock, Overlay, Peer, Store, Transport
+from .broker import Broker
+from .config import NodeConfig
+from .feeds import (
+    BrokerSubscriptionStatistics,
+    DurableSubscription,
+    Feed,
+    Feeds,
+    Subscription,
+    open_durable,
+    open_subscription,
+)
+from .local_chains import LocalChains
+from .plugins import make_plugin, plugin_manager
+from .publisher import ConflictHandler, Publisher
+from .replica_sets import Creation, ReplicaSets
+from .replicator import ReplicationOptions, ReplicationStatistics, Replicator
+from .rpc import Rpc
+
+__all__ = ["Node", "NodeStatistics", "open_node"]
+
+
+@attrs.frozen
+class NodeStatistics:
+    """A snapshot of a node's counters (see :meth:`Node.statistics`)."""
+
+    address: str
+    node_id: str
+    events_appended: int
+    events_received: int
+    invalid_events: int
+    requests_served: int
+    requests_refused: int
+    decode_errors: int
+    internal_errors: int
+    transport: Any
+
+
+class _NoTransport:
+    """Stands in until the transport plugin is built."""
+
+    async def request(self, address: str, data: bytes) -> Any:
+        raise PeerUnreachable("the node is not serving yet")
+
+    async def send(self, address: str, data: bytes) -> None:
+        raise PeerUnreachable("the node is not serving yet")
+
+
+@attrs.define(eq=False)
+class Node:
+    """A ketten node. Build one with :func:`open_node`; it is only usable inside it."""
+
+    config: NodeConfig
+    identity: Identity
+    plugins: pluggy.PluginManager
+    _rpc: Rpc = attrs.field(init=False)
+    _transport: Transport | None = attrs.field(default=None, init=False)
+    _store: Store | None = attrs.field(default=None, init=False)
+    _overlay: Overlay | None = attrs.field(default=None, init=False)
+    _clock: Clock | None = attrs.field(default=None, init=False)
+    _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
+    _address: str | None = attrs.field(default=None, init=False)
+    _rng: random.Random = attrs.field(init=False)
+    _options: ReplicationOptions = attrs.field(init=False)
+    _chains: LocalChains = attrs.field(init=False)
+    _sets: ReplicaSets = attrs.field(init=False)
+    _replicator: Replicator = attrs.field(init=False)
+    _broker: Broker = attrs.field(init=False)
+    _publisher: Publisher = attrs.field(init=False)
+    _feeds: Feeds = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._rpc = Rpc(_NoTransport(), self.config.request_timeout)  # type: ignore[arg-type]
+        self._rng = random.Random(self.identity.node_id)
+        self._options = ReplicationOptions.parse(
+            self.config.options_for("replication"), request_timeout=self.config.request_timeout,
+            batch_bytes=self.config.sync_batch_bytes)
+
+    def _wire(self) -> None:
+        """Build the parts once the plugins exist."""
+        config = self.config
+        chains = self._chains = LocalChains(self.store, config.max_event_size)
+        replicator: Replicator | None = None
+
+        def local_route(criterion: bytes) -> Any:
+            return None if replicator is None else replicator.route_of(criterion)
+
+        sets = self._sets = ReplicaSets(self._rpc, self._overlay, self._member,
+                                        config.replication, local_route, config.request_timeout)
+        replicator = self._replicator = Replicator(self._member, self._rpc, chains, sets,
+                                                   self._options, self._rng)
+        self._broker = Broker(self._rpc, chains, replicator, sets, None, config.request_timeout,
+                              config.sync_batch_bytes)
+        self._publisher = Publisher(self._rpc, sets, self._broker, self._member, self._stamp,
+                                    self._observe, self._clock is not None, self.now_ms, config.request_timeout, self._rng,
+                                    lambda: self.nursery)
+        settings = Feeds.parse_options(config.options_for("subscriptions"),
+                                       self._options.anti_entropy)
+        self._feeds = Feeds(self._rpc, chains, self._member, self.now_ms, self._members_of,
+                            self._is_broker, self._local_commit, replicator.pull_committed,
+                            sets.address, config.request_timeout, self._rng, **settings)
+        replicator.on_committed(self._feeds.committed)
+        chains.on_appended(self._appended)
+        chains.on_orphaned(self._orphaned)
+
+    # -- the plugin-facing side (ketten.interfaces.NodeContext) ---------------
+
+    @property
+    def address(self) -> str:
+        """Where peers reach this node."""
+        if self._address is None:
+            raise UsageError("the node is not serving yet")
+        return self._address
+
+    @property
+    def transport(self) -> Transport:
+        if self._transport is None:
+            raise UsageError("the node has no transport yet")
+        return self._transport
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise UsageError("the node has no store yet")
+        return self._store
+
+    @property
+    def overlay(self) -> Overlay | None:
+        return self._overlay
+
+    @property
+    def clock(self) -> Clock | None:
+        return self._clock
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        """The node's nursery: tasks started here end when the node closes."""
+        if self._nursery is None:
+            raise UsageError("the node is not open")
+        return self._nursery
+
+    def register_service(self, name: str,
+                         handler: Callable[[Peer, Any], Awaitable[Any]]) -> None:
+        """Answer requests addressed to ``name`` with ``handler(peer, body)``.
+
+        Raises :class:`~ketten.errors.ProtocolError` if the name is taken.
+        """
+        self._rpc.serve_raw(name, handler)
+
+    def register_message_service(self, name: str,
+                                 handler: Callable[[Peer, Any], Awaitable[None]]) -> None:
+        """Take one-way messages addressed to ``name`` with ``handler(peer, body)``."""
+        self._rpc.serve_messages(name, handler)
+
+    async def request(self, address: str, service: str, body: Any, *,
+                      timeout: float | None = None,
+                      retransmit: bool = False) -> tuple[Peer, Any]:
+        """Send a request to ``service`` at ``address``; the authenticated peer and its reply.
+
+        Raises :class:`~ketten.errors.PeerUnreachable`,
+        :class:`~ketten.errors.RemoteError`, :class:`~ketten.errors.DecodeError`.
+        """
+        return await self._rpc.call_raw(address, service, body, timeout=timeout,
+                                        retransmit=retransmit)
+
+    async def call(self, address: str, service: str, body: Any, *,
+                   timeout: float | None = None, retransmit: bool = False) -> Any:
+        """Like :meth:`request`, returning only the reply body."""
+        _, reply = await self.request(address, service, body, timeout=timeout,
+                                      retransmit=retransmit)
+        return reply
+
+    async def notify(self, address: str, service: str, body: Any) -> None:
+        """Send a one-way message to ``service`` at ``address`` (it may be lost)."""
+        await self._rpc.notify(address, service, body)
+
+    async def handle_request(self, peer: Peer, data: bytes) -> bytes:
+        return await self._rpc.handle_request(peer, data)
+
+    async def handle_message(self, peer: Peer, data: bytes) -> None:
+        await self._rpc.handle_message(peer, data)
+
+    def now_ms(self) -> int:
+        """Wall-clock milliseconds for event ``time`` fields (informational only).
+
+        The ``replication`` option ``time`` (a callable) replaces the system
+        clock, so that simulations in virtual time replay exactly.
+        """
+        if self._options.time is not None:
+            return int(self._options.time())
+        return int(_time.time() * 1000)
+
+    # -- wiring helpers --------------------------------------------------------
+
+    def _member(self) -> Member:
+        return Member(self.identity.public_key, self._address or "unbound")
+
+    def _stamp(self) -> bytes:
+        return self._clock.stamp() if self._clock is not None else b""
+
+    def _observe(self, event: Event) -> None:
+        if self._clock is not None and event.clock:
+            try:
+                self._clock.observe(event.clock)
+            except KettenError:
+                pass
+
+    def _appended(self, events: Sequence[Event]) -> None:
+        hook = self.plugins.hook.ketten_event_appended
+        for event in events:
+            self._observe(event)
+            hook(node=self, event=event)
+
+    def _orphaned(self, criterion: bytes, orphans: Sequence[Event], head: Event | None) -> None:
+        self.plugins.hook.ketten_fork_resolved(node=self, criterion=criterion,
+                                               orphaned=list(orphans), head=head)
+
+    async def _members_of(self, criterion: bytes) -> list[Member]:
+        found = await self._sets.route(criterion)
+        if isinstance(found, Creation):
+            return list(found.members)  # the brokers it will be created on
+        return list(found.config.members())
+
+    async def _is_broker(self, criterion: bytes) -> bool:
+        replica = await self._replicator.replica(criterion)
+        if replica is not None and replica.config is not None:
+            return replica.is_voter()
+        # No such chain here yet: one of the nodes it would be created on.
+        own = self.identity.public_key
+        return any(m.key == own for m in self._sets.desired(criterion))
+
+    def _local_commit(self, criterion: bytes) -> Pos | None:
+        replica = self._replicator.loaded(criterion)
+        return None if replica is None else replica.commit
+
+    def _key(self, criterion: bytes | str) -> bytes:
+        if isinstance(criterion, str):
+            return criterion_key(criterion)
+        if type(criterion) is bytes and len(criterion) == 32:
+            return criterion
+        raise UsageError("criterion must be a name (str) or a 32-byte key")
+
+    # -- statistics ------------------------------------------------------------
+
+    def statistics(self) -> NodeStatistics:
+        """A frozen snapshot of this node's counters."""
+        rpc = self._rpc.statistics()
+        local = self._chains.statistics()
+        return NodeStatistics(
+            address=self._address or "",
+            node_id=self.identity.node_id.hex(),
+            events_appended=local.events_appended,
+            events_received=self._broker.events_received + self._replicator.statistics(
+            ).events_synced,
+            invalid_events=local.invalid_events,
+            requests_served=rpc.requests_served,
+            requests_refused=rpc.requests_refused,
+            decode_errors=rpc.decode_errors,
+            internal_errors=rpc.internal_errors,
+            transport=self._transport.statistics() if self._transport else None,
+        )
+
+    def replication_statistics(self) -> ReplicationStatistics:
+        """A frozen snapshot of elections, appends, moves and anti-entropy counters."""
+        return self._replicator.statistics()
+
+    def subscription_statistics(self) -> BrokerSubscriptionStatistics:
+        """A frozen snapshot of the broker side of subscriptions (subscriber lists)."""
+        return self._feeds.statistics()
+
+    # -- publishing --------------------------------------------------------------
+
+    async def publish(
+        self,
+        criterion: bytes | str,
+        payload: bytes,
+        *,
+        command: int | None = None,
+        on_conflict: ConflictHandler | None = None,
+        deadline: float = 10.0,
+        writers: Sequence[bytes] | None = None,
+        author: Identity | None = None,
+    ) -> Event:
+        """Append ``payload`` to the replicated chain of ``criterion``; return the event.
+
+        ``criterion`` is a name (hashed with :func:`ketten.criterion_key`) or a
+        32-byte key. The event is built on the latest head this node knows
+        and offered to the chain's leader, which appends it if it extends its
+        head and acknowledges it once a majority of the chain's configuration
+        holds it (committed). When the chain has moved on, ``on_conflict(new_head)``
+        is called (sync or async; it returns the payload to retry with,
+        ``None`` for the same one, or raises to give up) and the event is
+        rebuilt on the new head; retries back off with jitter until
+        ``deadline`` seconds have passed. Every attempt of one call carries the
+        hashes of the earlier ones, so one call is applied at most once.
+        ``command`` makes the publish idempotent across calls: the id
+        ``(author, command)`` is applied at most once per chain, and
+        publishing it again with the same payload returns the event already
+        applied (see :class:`ketten.Agent`). ``writers`` (only for the first
+        event of a chain) restricts who may append. ``author`` signs as
+        another identity (default: the node's).
+
+        Raises :class:`~ketten.errors.QuorumUnavailable` when no broker stored
+        the event (nothing was acknowledged, publishing again is safe);
+        :class:`~ketten.errors.PublishOutcomeUnknown` when a broker may hold
+        it and it may still be committed (retry with the same ``command``, or
+        wait for one of its ``event_hashes``);
+        :class:`~ketten.errors.CommandIdReused` when the command id already
+        names other content; :class:`~ketten.errors.WriterNotAllowed` /
+        :class:`~ketten.errors.InvalidEvent` when the brokers refuse the
+        event; :class:`~ketten.errors.UsageError` for bad arguments.
+        """
+        key = self._key(criterion)
+        if not isinstance(payload, bytes):
+            raise UsageError(f"payload must be bytes, not {type(payload).__name__}")
+        if command is not None and (type(command) is not int or command < 0):
+            raise UsageError("command must be a non-negative integer")
+        if not isinstance(deadline, int | float) or isinstance(deadline, bool) or deadline <= 0:
+            raise UsageError("deadline must be a positive number of seconds")
+        self.nursery  # noqa: B018 - raises UsageError unless the node is open
+        base = await self._chains.head_pos(key)
+        return await self._publisher.publish(
+            key, payload, identity=author if author is not None else self.identity,
+            command=command, on_conflict=on_conflict, deadline=float(deadline),
+            writers=list(writers) if writers is not None else None, base=base,
+        )
+
+    # -- reading -----------------------------------------------------------------
+
+    async def sync(self, criterion: bytes | str, *, deadline: float | None = None) -> Event | None:
+        """Bring the local copy of ``criterion`` up to the chain's committed head.
+
+        Asks the chain's leader for its commit position (confirmed by a
+        majority of the configuration) and copies the committed events
+        this node lacks. Returns the local head afterwards (``None``: the
+        chain is empty or unknown). Raises
+        :class:`~ketten.errors.QuorumUnavailable` if no leader confirmed a
+        commit position in time.
+        """
+        key = self._key(criterion)
+        limit = self.config.request_timeout * 2 if deadline is None else deadline
+        commit, source = await self._committed_head(key, trio.current_time() + limit)
+        if commit is not None:
+            await self._copy_committed(key, commit, source)
+        return await self._chains.head(key)
+
+    async def _committed_head(self, key: bytes, until: float) -> tuple[Pos | None, Member | None]:
+        """The leader's confirmed commit position and a member that holds it."""
+        urge = False
+        last_error = "no broker answered"
+        tried: set[bytes] = set()
+        while trio.current_time() < until:
+            try:
+                found = await self._sets.route(key, refresh=urge)
+            except KettenError as exc:
+                last_error = str(exc)
+                await trio.sleep(min(0.2, max(0.0, until - trio.current_time())))
+                continue
+            if isinstance(found, Creation):
+                return None, None
+            members = list(found.config.members())
+            leader = next((m for m in members if m.key == found.leader), None)
+            target = leader if leader is not None and not urge else None
+            if target is None:
+                fresh = [m for m in members if m.key not in tried] or members
+                target = fresh[self._rng.randrange(len(fresh))]
+            tried.add(target.key)
+            if target.key == self.identity.public_key:
+                reply = await self._broker.commit(key, urge=urge)
+            else:
+                try:
+                    with trio.fail_after(max(0.01, until - trio.current_time())):
+                        _, reply = await self._rpc.call(self._sets.address(target),
+                                                        CommitQuery(key, urge), retransmit=True)
+                except (KettenError, trio.TooSlowError) as exc:
+                    last_error = f"{target.address}: {exc}"
+                    urge = True
+                    continue
+            if reply.kind == "commit":
+                return reply.commit, target
+            if reply.kind == "redirect" and reply.route is not None:
+                self._sets.learn(key, reply.route)
+                urge = reply.route.leader is None or reply.route.leader == target.key
+                if urge:
+                    await trio.sleep(self._rng.random() * 0.05)
+                continue
+            if reply.kind == "absent":
+                self._sets.forget(key)
+                urge = True
+                last_error = f"{target.address} holds no such chain"
+                continue
+            last_error = reply.message or "busy"
+            urge = True
+            await trio.sleep(self._rng.random() * 0.1)
+        raise QuorumUnavailable(f"no leader of criterion {key.hex()[:16]} confirmed a commit "
+                                f"position in time ({last_error})")
+
+    async def _copy_committed(self, key: bytes, commit: Pos, source: Member | None) -> None:
+        chains = self._chains
+        if await chains.hash_at(key, commit[0]) == commit[1]:
+            return
+        route = self._sets.cached(key)
+        sources = ([source] if source is not None else []) + (
+            list(route.config.members()) if route is not None else [])
+        for member in sources:
+            if member.key == self.identity.public_key:
+                continue
+            await self._replicator.pull_committed(self._sets.address(member), key)
+            if await chains.hash_at(key, commit[0]) == commit[1]:
+                return
+        raise QuorumUnavailable(f"no broker of criterion {key.hex()[:16]} served its committed "
+                                f"events up to seq {commit[0]}")
+
+    async def read(self, criterion: bytes | str, since: int = 0) -> list[Event]:
+        """The committed events of ``criterion`` from seq ``since`` on.
+
+        Every event acknowledged to any publisher before the call began is
+        included (the leader confirms its commit position with a majority
+        first). Raises :class:`~ketten.errors.QuorumUnavailable` if that
+        could not be done in time.
+        """
+        key = self._key(criterion)
+        commit, source = await self._committed_head(
+            key, trio.current_time() + self.config.request_timeout * 2)
+        if commit is None:
+            return []
+        await self._copy_committed(key, commit, source)
+        return await self._chains.range(key, max(since, 0), commit[0] + 1)
+
+    async def replay(self, criterion: bytes | str, from_seq: int = 0) -> AsyncIterator[Event]:
+        """The local copy of ``criterion`` from ``from_seq`` to its head, in chain order.
+
+        Reads the store in pages, so long chains stream. No network.
+        """
+        key = self._key(criterion)
+        start = max(from_seq, 0)
+        while True:
+            page = await self.store.range(key, start, start + 512)
+            for event in page:
+                yield event
+            if len(page) < 512:
+                return
+            start += 512
+
+    async def view(self, criterion: bytes | str, at: bytes) -> Chain:
+        """The chain of ``criterion`` as it was when the event ``at`` was its head.
+
+        ``at`` may also be an orphaned event: the view is then the branch it
+        was on. Rolling application state back is replaying this view. No
+        network. Raises :class:`KeyError` if no stored event has that hash
+        in this chain.
+        """
+        key = self._key(criterion)
+        target = await self.store.get(at)
+        if target is None or target.criterion != key:
+            raise KeyError(at.hex())
+        path: list[Event] = []
+        tip: Event | None = target
+        while tip is not None:
+            found = await self.store.range(key, tip.seq, tip.seq + 1)
+            if found and found[0].hash == tip.hash:
+                break
+            path.append(tip)
+            tip = await self.store.get(tip.prev) if tip.prev is not None else None
+            if tip is None and path[-1].seq > 0:
+                raise KeyError(at.hex())
+        prefix = await self.store.range(key, 0, tip.seq + 1) if tip is not None else []
+        return Chain(key, verify=Verify.LINKS, events=[*prefix, *reversed(path)])
+
+    async def orphans(self, criterion: bytes | str) -> list[Event]:
+        """Events of ``criterion`` that lost a fork here, oldest first."""
+        return await self.store.orphans(self._key(criterion))
+
+    async def head(self, criterion: bytes | str) -> Event | None:
+        """The head of the local copy (no network)."""
+        return await self._chains.head(self._key(criterion))
+
+    async def configuration(self, criterion: bytes | str) -> Any:
+        """The configuration of ``criterion`` as this node knows it (``None``: unknown).
+
+        No network: the node's own replica state, or a route it learned.
+        """
+        key = self._key(criterion)
+        route = self._replicator.route_of(key) or await self._replicator.route(key)
+        if route is None:
+            route = self._sets.cached(key)
+        return None if route is None else route.config
+
+    # -- subscriptions -----------------------------------------------------
+
+    def _make_feed(self, keys: tuple[bytes, ...], sid: bytes, delivery: str | None,
+                   start: Mapping[bytes, int], options: Mapping[str, Any] | None) -> Feed:
+        name = delivery if delivery is not None else self.config.delivery
+        if not isinstance(name, str) or not name:
+            raise UsageError("delivery must be a delivery plugin name")
+        plugin_options = {**(options or {}), "criteria": keys, "start": dict(start)}
+        made = make_plugin(self.plugins, "delivery", name, plugin_options, self)
+        return Feed(self._feeds, keys, sid, made, start, self._observe)
+
+    async def _synced_head(self, key: bytes) -> Pos | None:
+        head = await self.sync(key)
+        return None if head is None else (head.seq, head.hash)
+
+    def subscribe(
+        self,
+        criteria: str | bytes | Sequence[str | bytes],
+        *,
+        delivery: str | None = None,
+        start: int | str | Mapping[str | bytes, int] = 0,
+        options: Mapping[str, Any] | None = None,
+    ) -> AbstractAsyncContextManager[Subscription]:
+        """Push subscription: ``async with node.subscribe(c) as sub: async for event in sub:``.
+
+        ``criteria`` are names or 32-byte keys. The brokers of each criterion
+        keep a lease for the subscription (renewed every ``check`` seconds of
+        the ``subscriptions`` options) and notify it of every event that
+        commits; a lost notification is made up by the gap it leaves or by
+        the next renewal, which reports the brokers' commit positions. Every
+        event is verified and handed to the application only once committed,
+        through the delivery plugin ``delivery`` (default
+        ``config.delivery``; e.g. ``"causal"``), built with ``options`` plus
+        ``criteria`` and ``start``. ``start`` is the first seq (default 0: the
+        whole chain, then live events), a ``{criterion: seq}`` map, or
+        ``"head"`` (only events committed after subscribing). Leaving the
+        block drops the leases.
+
+        Raises :class:`~ketten.errors.UsageError` for bad criteria or start,
+        :class:`~ketten.errors.PluginNotFound` / :class:`~ketten.errors.ConfigError`
+        for the delivery plugin, :class:`~ketten.errors.QuorumUnavailable`
+        (``start="head"`` only) when no leader could be reached; iterating
+        raises :class:`~ketten.errors.HoldbackFull` when the delivery
+        plugin's queue is at its bound and nothing can be delivered.
+        """
+        return open_subscription(self._feeds, self.nursery, self._make_feed, criteria,
+                                 delivery=delivery, start=start, options=options,
+                                 head=self._synced_head)
+
+    async def durable_subscription(
+        self,
+        name: str,
+        criteria: str | bytes | Sequence[str | bytes],
+        *,
+        delivery: str | None = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> DurableSubscription:
+        """Open (or resume) the durable subscription ``name`` of this node.
+
+        ``await sub.get()`` returns each event of ``criteria`` exactly once,
+        across restarts of this node and of the brokers: see
+        :class:`~ketten.DurableSubscription` for what *delivered* means. A
+        subscription that was unsubscribed starts afresh.
+
+        Raises :class:`~ketten.errors.UsageError` for a bad name or criteria,
+        or criteria other than those the subscription was created with;
+        :class:`~ketten.errors.StoreCorrupted` if its stored cursor is damaged;
+        :class:`~ketten.errors.PluginNotFound` / :class:`~ketten.errors.ConfigError`
+        for the delivery plugin.
+        """
+        return await open_durable(self._feeds, self.nursery, self._make_feed,
+                                  self.identity.public_key, name, criteria,
+                                  delivery=delivery, options=options)
+
+    # -- local chains (no replication) ---------------------------------------
+
+    async def append_local(
+        self,
+        criterion: bytes,
+        payload: bytes,
+        *,
+        command: int | None = None,
+        writers: Sequence[bytes] | None = None,
+    ) -> Event:
+        """Sign an event on the local head of ``criterion`` and store it here only.
+
+        For chains this node keeps for itself (tests, offline tools): a chain
+        that is replicated here refuses it. ``writers`` (genesis only)
+        restricts who may append. Raises :class:`~ketten.errors.UsageError`
+        for bad arguments and :class:`~ketten.errors.InvalidEvent` if this
+        node may not write.
+        """
+        if type(criterion) is not bytes or len(criterion) != 32:
+            raise UsageError("criterion must be a 32-byte key (see ketten.criterion_key)")
+        chains = self._chains
+        async with chains.lock(criterion):
+            if await chains.state(criterion) is not None:
+                raise UsageError("this chain is replicated here; publish to it instead")
+            head = await chains.head(criterion)
+            if writers is not None and head is not None:
+                raise UsageError("writers can only be declared by the genesis of a chain")
+            event = Event.create(
+                self.identity, criterion=criterion,
+                seq=0 if head is None else head.seq + 1,
+                prev=None if head is None else head.hash,
+                payload=payload, time=self.now_ms(), command=command, clock=self._stamp(),
+                writers=writers)
+            await chains.verify_run(criterion, head, [event])
+            await chains.append([event])
+            return event
+
+    async def pull(self, address: str, criterion: bytes) -> int:
+        """Copy the committed events ``address`` holds of ``criterion`` beyond the local head.
+
+        Every event is verified before it is stored. Returns how many were added.
+        """
+        return await self._replicator.pull_committed(address, self._key(criterion))
+
+
+@asynccontextmanager
+async def open_node(
+    config: NodeConfig | None = None, *, plugins: pluggy.PluginManager | None = None
+) -> AsyncIterator[Node]:
+    """Open a node: build its plugins by name, open its store, serve, join.
+
+    ``plugins`` lets many nodes share one plugin manager (see
+    :func:`ketten.plugin_manager`); by default the installed plugins are
+    discovered. Leaving the block cancels the node's tasks and closes its
+    store. Raises :class:`~ketten.errors.PluginNotFound` for unknown plugin
+    names and :class:`~ketten.errors.ConfigError` for bad options.
+    """
+    config = config if config is not None else NodeConfig()
+    pm = plugins if plugins is not None else plugin_manager()
+    identity = config.identity if config.identity is not None else Identity.generate()
+    node = Node(config, identity, pm)
+    node._store = make_plugin(pm, "store", config.store, config.options_for("store"), node)
+    node._transport = make_plugin(
+        pm, "transport", config.transport, config.options_for("transport"), node)
+    node._rpc.transport = node._transport
+    if config.clock is not None:
+        node._clock = make_plugin(pm, "clock", config.clock, config.options_for("clock"), node)
+    if config.overlay is not None:
+        node._overlay = make_plugin(
+            pm, "overlay", config.overlay, config.options_for("overlay"), node)
+    node._wire()
+    await node.store.open()
+    # An error raised by the application's block is re-raised as itself, not
+    # wrapped in the ExceptionGroup of the node's nursery; so is a single
+    # ketten error that keeps the node from starting (a port in use, say).
+    body_error: BaseException | None = None
+    started = False
+    try:
+        async with trio.open_nursery() as nursery:
+            node._nursery = nursery
+            node._address = await nursery.start(node.transport.serve, node)
+            if node._overlay is not None:
+                await nursery.start(node._overlay.run)
+            await nursery.start(node._replicator.run)
+            await nursery.start(node._feeds.run)
+            pm.hook.ketten_node_started(node=node)
+            started = True
+            try:
+                yield node
+            except BaseException as exc:
+                body_error = exc
+            finally:
+                pm.hook.ketten_node_stopping(node=node)
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        leaves = group.exceptions
+        if not started and len(leaves) == 1 and isinstance(leaves[0], KettenError):
+            raise leaves[0] from None
+        if len(leaves) == 1 and isinstance(leaves[0], InternalError):
+            raise leaves[0] from None
+        raise
+    finally:
+        node._nursery = None
+        with trio.CancelScope(shield=True):
+            try:
+                await node._replicator.flush()
+            except KettenError:
+                pass
+            await node.store.aclose()
+    if body_error is not None:
+        raise body_error

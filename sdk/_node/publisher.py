@@ -1,0 +1,262 @@
+"""``Publisher``: the trio driver of :class:`~ketten._core.publish.PublishAttempt`.
+
+It finds routes through :class:`ReplicaSets`, signs the events the attempt
+asks for, carries offers to brokers (offers to one broker made in the same
+scheduler pass travel in one request; an offer to this node itself is
+answered in-process), calls the application's conflict handler, and turns
+the attempt's outcome into the event or a typed error.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import attrs
+import trio
+
+from .._core.event import Event
+from .._core.identity import Identity
+from .._core.membership import Member, Pos
+from .._core.messages import MAX_BATCH, Answer, Offer, OfferAnswer, OfferItem
+from .._core.publish import PublishAttempt, Step
+from ..errors import (
+    BrokenLink,
+    CommandIdReused,
+    DecodeError,
+    InvalidEvent,
+    InvalidSignature,
+    KettenError,
+    PublishOutcomeUnknown,
+    QuorumUnavailable,
+    UsageError,
+    WriterNotAllowed,
+)
+from .broker import Broker
+from .replica_sets import Creation, ReplicaSets
+from .rpc import Rpc
+
+__all__ = ["ConflictHandler", "Publisher"]
+
+ConflictHandler = Callable[[Event | None], "bytes | Awaitable[bytes | None] | None"]
+"""Called with the new head after the chain moved on; returns the payload to retry
+with (``None``: the same payload). Raise to give up."""
+
+_INVALID: dict[str, type[InvalidEvent]] = {
+    BrokenLink.reason: BrokenLink,
+    InvalidSignature.reason: InvalidSignature,
+    WriterNotAllowed.reason: WriterNotAllowed,
+}
+_MAX_KNOWN = 1 << 16
+_BATCH_BYTES = 1 << 20
+
+
+@attrs.define(eq=False)
+class _Pending:
+    item: OfferItem
+    done: trio.Event = attrs.field(factory=trio.Event)
+    answer: OfferAnswer | None = None
+
+
+@attrs.define(eq=False)
+class Publisher:
+    """Publishes events through the leaders of their chains."""
+
+    rpc: Rpc
+    sets: ReplicaSets
+    broker: Broker
+    own: Callable[[], Member]
+    clock: Callable[[], bytes]
+    observe: Callable[[Event], None]
+    has_clock: bool
+    now_ms: Callable[[], int]
+    request_timeout: float
+    rng: random.Random
+    nursery: Callable[[], trio.Nursery]
+    _heads: OrderedDict[bytes, Pos] = attrs.field(factory=OrderedDict, init=False)
+    _queues: dict[str, list[_Pending]] = attrs.field(factory=dict, init=False)
+
+    def note_head(self, criterion: bytes, pos: Pos) -> None:
+        known = self._heads.get(criterion)
+        if known is None or known[0] < pos[0]:
+            self._heads[criterion] = pos
+            self._heads.move_to_end(criterion)
+            while len(self._heads) > _MAX_KNOWN:
+                self._heads.popitem(last=False)
+
+    async def publish(
+        self,
+        criterion: bytes,
+        payload: bytes,
+        *,
+        identity: Identity,
+        command: int | None,
+        on_conflict: ConflictHandler | None,
+        deadline: float,
+        writers: Sequence[bytes] | None,
+        base: Pos | None,
+    ) -> Event:
+        now = trio.current_time()
+        known = self._heads.get(criterion)
+        if known is not None and (base is None or known[0] > base[0]):
+            base = known
+        attempt = PublishAttempt(criterion, now + deadline, self.rng, base=base,
+                                 has_conflict_handler=on_conflict is not None,
+                                 route_base=not self.has_clock)
+        conflict_head: Event | None = None
+        while True:
+            action = attempt.next(trio.current_time())
+            step = action.step
+            if step is Step.DONE:
+                assert action.event is not None
+                self.note_head(criterion, (action.event.seq, action.event.hash))
+                return action.event
+            if step is Step.FAIL:
+                raise self._error(attempt, action.error, action.message, action.answer,
+                                  criterion, command, identity, deadline)
+            if step is Step.WAIT:
+                await trio.sleep_until(action.until)
+            elif step is Step.ROUTE:
+                try:
+                    found = await self.sets.route(criterion, refresh=action.refresh)
+                except KettenError as exc:
+                    attempt.routed(None, error=str(exc))
+                    continue
+                if isinstance(found, Creation):
+                    attempt.routed(None, create=found.members)
+                else:
+                    attempt.routed(found)
+            elif step is Step.BUILD:
+                if writers is not None and action.seq != 0:
+                    raise UsageError(
+                        f"criterion {criterion.hex()[:16]} already has a genesis; writers can "
+                        "only be declared by the first event of a chain")
+                attempt.built(Event.create(
+                    identity, criterion=criterion, seq=action.seq, prev=action.prev,
+                    payload=payload, time=self.now_ms(), command=command, clock=self.clock(),
+                    writers=writers if action.seq == 0 else None))
+            elif step is Step.CONFLICT:
+                assert on_conflict is not None
+                answer = on_conflict(conflict_head)
+                if inspect.isawaitable(answer):
+                    answer = await answer
+                if answer is not None:
+                    if not isinstance(answer, bytes):
+                        raise UsageError("on_conflict must return bytes or None")
+                    payload = answer
+                attempt.resolved()
+            elif step is Step.SEND:
+                assert action.target is not None and action.item is not None
+                reply: OfferAnswer | None = None
+                event: Event | None = None
+                with trio.move_on_at(attempt.deadline):
+                    reply, event = await self._offer(action.target, action.item, attempt.event)
+                if reply is not None and reply.kind is Answer.STALE:
+                    conflict_head = event
+                    if event is not None:
+                        self.note_head(criterion, (event.seq, event.hash))
+                if reply is not None and reply.route is not None:
+                    self.sets.learn(criterion, reply.route)
+                attempt.answered(action.target, reply, event, trio.current_time())
+
+    def _error(self, attempt: PublishAttempt, kind: str, message: str,
+               answer: OfferAnswer | None, criterion: bytes, command: int | None,
+               identity: Identity, deadline: float) -> KettenError:
+        short = criterion.hex()[:16]
+        if kind == "invalid":
+            reason = answer.reason if answer is not None else "invalid"
+            return _INVALID.get(reason, InvalidEvent)(f"the brokers refused the event: {message}",
+                                                      reason=reason)
+        if kind == "reused":
+            return CommandIdReused(message or (
+                f"command {command} of author {identity.public_key.hex()[:16]} is already "
+                f"applied with other content in criterion {short}"))
+        if kind == "unknown":
+            return PublishOutcomeUnknown(
+                f"publish to criterion {short} did not complete within {deadline} s ({message}); "
+                "a broker may hold the event and it may still be committed: publish again with "
+                "the same command id, or wait for one of the event hashes to appear",
+                event_hashes=tuple(attempt.maybe_stored))
+        return QuorumUnavailable(
+            f"publish to criterion {short} failed within {deadline} s: {message or 'no leader'}"
+            f" ({attempt.reached} broker(s) answered); nothing was stored")
+
+    # -- carrying offers -----------------------------------------------------------
+
+    async def _offer(self, target: Member, item: OfferItem,
+                     offered: Event | None) -> tuple[OfferAnswer | None, Event | None]:
+        """Offer ``item`` to ``target``; the answer (``None``: none came) and the event it
+        carries, decoded and checked against ``offered``."""
+        if target.key == self.own().key:
+            answer: OfferAnswer | None = None
+            with trio.move_on_after(self.request_timeout):
+                try:
+                    answer = await self.broker.offer(item, signed_here=True, event=offered)
+                except KettenError:
+                    answer = None
+        else:
+            answer = await self._remote(self.sets.address(target), item)
+        if answer is None or answer.event is None or offered is None:
+            return answer, None
+        try:
+            event = Event.from_bytes(answer.event, max_size=1 << 24)
+            if event.criterion != offered.criterion:
+                raise DecodeError("an event of another criterion", where="offer answer")
+            if answer.kind in (Answer.ACK, Answer.REUSED):
+                same_call = event.hash in (offered.hash, *item.attempts)
+                same_command = (offered.command is not None and event.author == offered.author
+                                and event.command == offered.command)
+                if not (same_call or same_command):
+                    raise DecodeError("acknowledged an event of another call", where="offer answer")
+                if answer.kind is Answer.ACK and not same_call and event.payload != offered.payload:
+                    raise DecodeError("acknowledged other content", where="offer answer")
+            event.verify()
+        except (DecodeError, InvalidEvent):
+            return None, None
+        self.observe(event)
+        return answer, event
+
+    async def _remote(self, address: str, item: OfferItem) -> OfferAnswer | None:
+        pending = _Pending(item)
+        queue = self._queues.get(address)
+        if queue is None:
+            queue = self._queues[address] = []
+            self.nursery().start_soon(self._send_queued, address)
+        queue.append(pending)
+        await pending.done.wait()
+        return pending.answer
+
+    async def _send_queued(self, address: str) -> None:
+        # Runs one scheduler pass after the first offer was queued: every offer
+        # made meanwhile travels in the same request.
+        await trio.lowlevel.checkpoint()
+        queue = self._queues.pop(address)
+        batches: list[list[_Pending]] = [[]]
+        size = 0
+        for pending in queue:
+            batch = batches[-1]
+            if batch and (len(batch) >= MAX_BATCH or size + len(pending.item.event) > _BATCH_BYTES):
+                batches.append([])
+                size = 0
+            batches[-1].append(pending)
+            size += len(pending.item.event)
+        async with trio.open_nursery() as nursery:
+            for batch in batches:
+                nursery.start_soon(self._send, address, batch)
+
+    async def _send(self, address: str, batch: list[_Pending]) -> None:
+        answers: list[Any] = [None] * len(batch)
+        try:
+            _, reply = await self.rpc.call(address, Offer(tuple(p.item for p in batch)),
+                                           timeout=self.request_timeout + 0.5, retransmit=True)
+            if len(reply.answers) == len(batch):
+                answers = list(reply.answers)
+        except KettenError:
+            pass
+        finally:
+            for pending, answer in zip(batch, answers, strict=True):
+                pending.answer = answer
+                pending.done.set()

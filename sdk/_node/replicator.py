@@ -1,0 +1,1120 @@
+"""``Replicator``: the trio driver of this node's chain replicas.
+
+It serves ``append`` and ``vote`` from other brokers, runs elections when
+a chain needs a leader, and, for the chains this node leads, keeps one
+sender per peer that carries every chain's pending appends to that peer in
+one batched request at a time. It tracks commits (and wakes whoever waits
+for one), moves chains when the overlay's view of their brokers has
+changed for long enough, flushes commit marks, and exchanges one digest
+per peer and interval with the brokers it shares chains with.
+
+Every decision is made by the sans-IO cores (:mod:`ketten._core.replica`,
+:mod:`ketten._core.reconfig`); this module reads what they need from the
+store, carries their messages and writes what they decide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from .._core.chain import make_locator
+from .._core.membership import ChainConfig, ChainState, Member, Pos
+from .._core.messages import (
+    MAX_BATCH,
+    Append,
+    CommitQuery,
+    AppendAck,
+    AppendItem,
+    AppendReply,
+    Digest,
+    DigestReply,
+    Fetch,
+    Route,
+    Vote,
+    VoteItem,
+    VoteReply,
+    VoteResult,
+)
+from .._core.reconfig import Change, Reconfiguration
+from .._core.replica import (
+    AckStatus,
+    AppendAckData,
+    AppendPlan,
+    Replica,
+    Role,
+)
+from ..errors import (
+    ConfigError,
+    DecodeError,
+    InvalidEvent,
+    KettenError,
+    StoreError,
+)
+from ..interfaces import Peer
+from .local_chains import LocalChains
+from .replica_sets import ReplicaSets
+from .rpc import Rpc
+
+__all__ = ["ReplicationOptions", "ReplicationStatistics", "Replicator"]
+
+_log = logging.getLogger("ketten.replication")
+_MAX_LOADED = 1 << 16
+_BUCKETS = 16
+
+
+def _positive(options: Mapping[str, Any], name: str, default: float) -> float:
+    value = options.get(name, default)
+    if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"replication option {name!r} must be a positive number of seconds, "
+                          f"got {value!r}")
+    return float(value)
+
+
+@attrs.frozen
+class ReplicationOptions:
+    """The ``replication`` options of a node (times in seconds)."""
+
+    anti_entropy: float = 2.0
+    """Period of the background round: digests, moves, commit marks."""
+    hysteresis: float = 30.0
+    """How long the overlay must name other brokers before a chain moves."""
+    election_timeout: float = 3.0
+    """How long a follower waits after the leader fell silent before it votes for another."""
+    commit_flush: float = 1.0
+    """How often commit marks are written."""
+    catch_up_limit: float = 120.0
+    """How long new members may take to catch up before a move is tried again."""
+    request_timeout: float = 5.0
+    batch_bytes: int = 1 << 20
+    time: Callable[[], int] | None = None
+
+    KNOWN = frozenset({"anti_entropy", "hysteresis", "election_timeout", "commit_flush",
+                       "catch_up_limit", "time"})
+
+    @classmethod
+    def parse(cls, options: Mapping[str, Any], *, request_timeout: float,
+              batch_bytes: int) -> ReplicationOptions:
+        """Raises :class:`~ketten.errors.ConfigError` for unknown or bad options."""
+        unknown = set(options) - cls.KNOWN
+        if unknown:
+            raise ConfigError(f"unknown replication options: {', '.join(sorted(unknown))} "
+                              f"(known: {', '.join(sorted(cls.KNOWN))})")
+        clock = options.get("time")
+        if clock is not None and not callable(clock):
+            raise ConfigError("replication option 'time' must be a callable returning ms")
+        return cls(
+            anti_entropy=_positive(options, "anti_entropy", 2.0),
+            hysteresis=_positive(options, "hysteresis", 30.0),
+            election_timeout=_positive(options, "election_timeout", 3 * request_timeout),
+            commit_flush=_positive(options, "commit_flush", 1.0),
+            catch_up_limit=_positive(options, "catch_up_limit", 120.0),
+            request_timeout=request_timeout,
+            batch_bytes=batch_bytes,
+            time=clock,
+        )
+
+
+@attrs.frozen
+class ReplicationStatistics:
+    """Counters of a node's replication (see :meth:`ketten.Node.replication_statistics`)."""
+
+    chains_led: int
+    chains_held: int
+    elections_won: int
+    elections_lost: int
+    appends_sent: int
+    append_requests: int
+    events_synced: int
+    forks_resolved: int
+    events_orphaned: int
+    reconfigurations: int
+    anti_entropy_rounds: int
+    digests_sent: int
+    peer_failures: int
+    state_writes: int
+    lookups: int
+
+
+@attrs.define(eq=False)
+class _Sender:
+    member: Member
+    dirty: OrderedDict[bytes, None] = attrs.field(factory=OrderedDict)
+    running: bool = False
+    failures: int = 0
+
+
+@attrs.define(eq=False)
+class Replicator:
+    """The replicas of the chains this node holds, and the tasks that keep them."""
+
+    own: Callable[[], Member]
+    rpc: Rpc
+    chains: LocalChains
+    sets: ReplicaSets
+    options: ReplicationOptions
+    rng: random.Random
+    _replicas: OrderedDict[bytes, Replica] = attrs.field(factory=OrderedDict, init=False)
+    _reconfigs: dict[bytes, Reconfiguration] = attrs.field(factory=dict, init=False)
+    _changed: dict[bytes, trio.Event] = attrs.field(factory=dict, init=False)
+    _senders: dict[bytes, _Sender] = attrs.field(factory=dict, init=False)
+    _campaigns: dict[bytes, trio.Event] = attrs.field(factory=dict, init=False)
+    _creations: dict[bytes, trio.Event] = attrs.field(factory=dict, init=False)
+    _dirty_states: dict[bytes, None] = attrs.field(factory=dict, init=False)
+    _members: dict[bytes, frozenset[bytes]] = attrs.field(factory=dict, init=False)
+    """Voters of every chain this node holds state of (for background rounds)."""
+    _mismatch: dict[bytes, float] = attrs.field(factory=dict, init=False)
+    _committed: list[Callable[[bytes, Pos], None]] = attrs.field(factory=list, init=False)
+    _learner_members: dict[bytes, Member] = attrs.field(factory=dict, init=False)
+    _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
+    _counts: dict[str, int] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._counts = dict.fromkeys(
+            ("elections_won", "elections_lost", "appends_sent", "append_requests",
+             "events_synced", "forks_resolved", "reconfigurations", "anti_entropy_rounds",
+             "digests_sent", "peer_failures"), 0)
+        self.rpc.serve(Append, self._serve_append)
+        self.rpc.serve(Vote, self._serve_vote)
+        self.rpc.serve(Digest, self._serve_digest)
+        self.rpc.serve_messages("elect", self._take_elect)
+        self.chains.on_appended(self._appended)
+        self.chains.on_orphaned(self._orphaned)
+
+    # -- facts -----------------------------------------------------------------
+
+    def statistics(self) -> ReplicationStatistics:
+        local = self.chains.statistics()
+        return ReplicationStatistics(
+            chains_led=sum(1 for r in self._replicas.values() if r.is_leader),
+            chains_held=len(self._members),
+            events_orphaned=local.events_orphaned,
+            state_writes=local.state_writes,
+            lookups=self.sets.lookups,
+            **self._counts,
+        )
+
+    def on_committed(self, observer: Callable[[bytes, Pos], None]) -> None:
+        """Call ``observer(criterion, commit)`` whenever a commit position advances here."""
+        self._committed.append(observer)
+
+    def loaded(self, criterion: bytes) -> Replica | None:
+        return self._replicas.get(criterion)
+
+    def route_of(self, criterion: bytes) -> Route | None:
+        """What this node knows of the chain, from a loaded replica (no store access)."""
+        replica = self._replicas.get(criterion)
+        if replica is None or replica.config is None:
+            return None
+        return Route(replica.config, replica.term, replica.leader, replica.commit)
+
+    async def route(self, criterion: bytes) -> Route | None:
+        replica = await self.replica(criterion)
+        if replica is None or replica.config is None:
+            return None
+        return Route(replica.config, replica.term, replica.leader, replica.commit)
+
+    def _now(self) -> float:
+        return trio.current_time()
+
+    def _signal(self, criterion: bytes) -> None:
+        event = self._changed.pop(criterion, None)
+        if event is not None:
+            event.set()
+
+    async def _wait_change(self, criterion: bytes, until: float) -> None:
+        event = self._changed.get(criterion)
+        if event is None:
+            event = self._changed[criterion] = trio.Event()
+        with trio.move_on_at(until):
+            await event.wait()
+
+    # -- loading ---------------------------------------------------------------
+
+    async def replica(self, criterion: bytes, *, create: bool = False) -> Replica | None:
+        """The replica of ``criterion`` (loaded from the store); with ``create`` a fresh
+        one for a chain this node holds no state of."""
+        replica = self._replicas.get(criterion)
+        if replica is not None:
+            self._replicas.move_to_end(criterion)
+            return replica
+        state = await self.chains.state(criterion)
+        if state is None and not create:
+            return None
+        replica = self._replicas.get(criterion)  # loaded while we read
+        if replica is not None:
+            return replica
+        replica = Replica(criterion, self.own().key, state or ChainState(),
+                          await self.chains.head_pos(criterion),
+                          election_timeout=self.options.election_timeout)
+        self._replicas[criterion] = replica
+        self._index(criterion, replica.state)
+        self._evict()
+        return replica
+
+    def _evict(self) -> None:
+        while len(self._replicas) > _MAX_LOADED:
+            for key, replica in self._replicas.items():
+                if replica.role is Role.FOLLOWER and key not in self._campaigns:
+                    del self._replicas[key]
+                    break
+            else:
+                return
+
+    def _index(self, criterion: bytes, state: ChainState) -> None:
+        config = state.config
+        if config is None:
+            self._members.pop(criterion, None)
+        else:
+            self._members[criterion] = config.keys()
+
+    async def _save(self, replica: Replica) -> None:
+        """Persist the replica's state now (the caller holds the chain's lock)."""
+        await self.chains.save_state(replica.criterion, replica.state)
+        self._dirty_states.pop(replica.criterion, None)
+        self._index(replica.criterion, replica.state)
+
+    async def load_all(self) -> None:
+        """Index every chain this node holds replication state of (at start)."""
+        for criterion, state in (await self.chains.states()).items():
+            self._index(criterion, state)
+
+    # -- observers of the store ----------------------------------------------------
+
+    def _appended(self, events: list[Any]) -> None:
+        last: dict[bytes, Any] = {}
+        for event in events:
+            last[event.criterion] = event
+        for criterion, event in last.items():
+            replica = self._replicas.get(criterion)
+            if replica is not None and (replica.head is None or replica.head[0] < event.seq):
+                replica.head = (event.seq, event.hash)
+
+    def _orphaned(self, criterion: bytes, orphans: Any, head: Any) -> None:
+        self._counts["forks_resolved"] += 1
+        replica = self._replicas.get(criterion)
+        if replica is not None:
+            replica.head = None if head is None else (head.seq, head.hash)
+        self._signal(criterion)
+
+    # -- commits ---------------------------------------------------------------
+
+    def _commit_learned(self, criterion: bytes, pos: Pos) -> None:
+        self._dirty_states[criterion] = None
+        self._signal(criterion)
+        for observer in self._committed:
+            observer(criterion, pos)
+
+    async def _advance(self, replica: Replica) -> None:
+        """Move the leader's commit as far as its members' acknowledgements allow."""
+        seq = replica._commit_candidate()
+        if seq is None:
+            return
+        value = await self.chains.hash_at(replica.criterion, seq)
+        if value is None:
+            return
+        if replica.commit_to((seq, value)) is not None:
+            self._commit_learned(replica.criterion, (seq, value))
+            self._mark(replica)
+
+    async def wait_commit(self, criterion: bytes, seq: int, expected: bytes,
+                          until: float) -> bool | None:
+        """Wait until position ``seq`` is committed here; ``True`` if it holds ``expected``,
+        ``False`` if it holds something else, ``None`` if time ran out."""
+        while True:
+            replica = self._replicas.get(criterion)
+            commit = None if replica is None else replica.commit
+            if commit is not None and commit[0] >= seq:
+                return await self.chains.hash_at(criterion, seq) == expected
+            if replica is not None and replica.head is not None and replica.head[0] >= seq:
+                held = await self.chains.hash_at(criterion, seq)
+                if held is not None and held != expected:
+                    return False
+            if self._now() >= until:
+                return None
+            await self._wait_change(criterion, until)
+
+    async def barrier(self, criterion: bytes, until: float) -> tuple[bool, Pos | None]:
+        """As leader, confirm with a quorum that we still lead, then give the commit.
+
+        Returns ``(confirmed, commit)``.
+        """
+        replica = self._replicas.get(criterion)
+        if replica is None or not replica.is_leader:
+            return False, None
+        round_ = replica.begin_round()
+        self._mark(replica)
+        while True:
+            if not replica.is_leader:
+                return False, None
+            start = replica.start
+            commit = replica.commit
+            started = start is None or (commit is not None and commit[0] >= start[0])
+            if started and replica.round_confirmed(round_):
+                return True, commit
+            if self._now() >= until:
+                return False, None
+            await self._wait_change(criterion, until)
+
+    async def leader_appended(self, replica: Replica, head: Pos) -> None:
+        """The leader stored its own event at ``head``: replicate it."""
+        replica.local_appended(head)
+        self._mark(replica)
+        await self._advance(replica)
+
+    # -- following -------------------------------------------------------------------
+
+    async def _serve_append(self, peer: Peer, request: Append) -> AppendReply:
+        acks: list[AppendAck | None] = [None] * len(request.items)
+
+        async def one(index: int, item: AppendItem) -> None:
+            acks[index] = await self._follow(peer, item)
+
+        if len(request.items) == 1:
+            await one(0, request.items[0])
+        else:
+            async with trio.open_nursery() as nursery:
+                for index, item in enumerate(request.items):
+                    nursery.start_soon(one, index, item)
+        return AppendReply(tuple(a for a in acks if a is not None))
+
+    def _ack(self, criterion: bytes, replica: Replica | None, data: AppendAckData | None,
+             *, status: str | None = None, reason: str = "",
+             locator: tuple[Pos, ...] = ()) -> AppendAck:
+        if data is None:
+            assert replica is not None
+            state = replica.state
+            return AppendAck(criterion, status or "refused", state.term, state.log_term,
+                             replica.head, state.epoch, state.commit, locator, reason)
+        return AppendAck(criterion, status or data.status.value, data.term, data.log_term,
+                         data.head, data.epoch, data.commit, locator, reason or data.reason)
+
+    async def _follow(self, peer: Peer, item: AppendItem) -> AppendAck:
+        criterion = item.criterion
+        async with self.chains.lock(criterion):
+            replica = await self.replica(criterion, create=True)
+            assert replica is not None
+            try:
+                events = [self.chains.decode(raw, criterion, where=f"append of "
+                                             f"{criterion.hex()[:16]}") for raw in item.events]
+            except DecodeError as exc:
+                self.chains.count_invalid()
+                return self._ack(criterion, replica, None, reason=str(exc))
+            seqs = [e.seq for e in events]
+            if item.prev is not None:
+                seqs.append(item.prev[0])
+            if item.start is not None:
+                seqs.append(item.start[0])
+            hashes = await self.chains.hashes(criterion, seqs)
+            if events:
+                try:
+                    await self.chains.verify_run(criterion, item.prev, events)
+                except InvalidEvent as exc:
+                    return self._ack(criterion, replica, None, reason=f"invalid events: {exc}")
+            was_voter = replica.is_voter()
+            outcome = replica.on_append(peer.public_key, item.term, item.start, item.prev,
+                                        events, item.commit, item.configs, self._now(), hashes)
+            try:
+                if outcome.truncate_from is not None:
+                    await self.chains.cut(criterion, outcome.truncate_from, outcome.append)
+                elif outcome.append:
+                    await self.chains.append(outcome.append)
+            except StoreError as exc:
+                replica.head = await self.chains.head_pos(criterion)
+                return self._ack(criterion, replica, None, reason=f"store: {exc}")
+            if outcome.append:
+                self._counts["events_synced"] += len(outcome.append)
+            if outcome.state is not None:
+                await self._save(replica)
+            if was_voter != replica.is_voter():
+                self._signal(criterion)
+        locator: tuple[Pos, ...] = ()
+        if outcome.ack.status is AckStatus.MISMATCH:
+            locator = await self._locator(criterion, replica.head)
+        if outcome.committed is not None:
+            self._commit_learned(criterion, outcome.committed)
+        self._signal(criterion)
+        return self._ack(criterion, replica, outcome.ack, locator=locator)
+
+    async def _locator(self, criterion: bytes, head: Pos | None) -> tuple[Pos, ...]:
+        if head is None:
+            return ()
+        seqs = [seq for seq, _ in make_locator(lambda s: b"", low=0, high=head[0])]
+        hashes = await self.chains.hashes(criterion, seqs)
+        return tuple((s, hashes[s]) for s in seqs if s in hashes)[:128]
+
+    # -- voting ----------------------------------------------------------------------
+
+    async def _serve_vote(self, peer: Peer, request: Vote) -> VoteReply:
+        results = []
+        for item in request.items:
+            results.append(await self._vote(peer, item))
+        return VoteReply(tuple(results))
+
+    async def _vote(self, peer: Peer, item: VoteItem) -> VoteResult:
+        criterion = item.criterion
+        async with self.chains.lock(criterion):
+            # A member the leader never reached holds no state yet: it judges the
+            # request by the candidate's configuration (it must name both).
+            replica = await self.replica(criterion, create=item.proposed is not None)
+            if replica is None:
+                return VoteResult(criterion, False, 0)
+            answer = replica.on_vote(peer.public_key, item.term, item.pre, item.rank,
+                                     self._now(), force=item.force, proposed=item.proposed)
+            if answer.state is not None:
+                await self._save(replica)
+            return VoteResult(criterion, answer.granted, answer.term)
+
+    async def _take_elect(self, peer: Peer, body: Any) -> None:
+        """A leader that left the configuration hands the chain over to us."""
+        if type(body) is not dict or type(body.get("c")) is not bytes or len(body["c"]) != 32:
+            raise DecodeError("expected {c: criterion}", where="elect")
+        criterion = body["c"]
+        replica = await self.replica(criterion)
+        if replica is None or replica.is_leader or not replica.is_voter():
+            return
+        config = replica.config
+        if config is None or (not config.is_voter(peer.public_key) and replica.leader != peer.public_key):
+            return
+        if self._nursery is not None and criterion not in self._campaigns:
+            self._nursery.start_soon(self._campaign_quietly, criterion, True)
+
+    async def _campaign_quietly(self, criterion: bytes, force: bool) -> None:
+        try:
+            await self.campaign(criterion, force=force)
+        except KettenError as exc:
+            _log.debug("campaign for %s failed: %s", criterion.hex()[:16], exc)
+
+    async def campaign(self, criterion: bytes, *, force: bool = False,
+                       proposed: ChainConfig | None = None) -> bool:
+        """Stand for leader of ``criterion``; ``True`` if this node leads it now.
+
+        The election runs in the replicator's nursery, one per chain at a
+        time: a caller that stops waiting (its deadline passed) does not
+        cut it short, and a second caller waits for the running one.
+        """
+        running = self._campaigns.get(criterion)
+        if running is None:
+            if self._nursery is None:
+                return False
+            running = self._campaigns[criterion] = trio.Event()
+            self._nursery.start_soon(self._run_campaign, criterion, force, proposed, running)
+        await running.wait()
+        replica = self._replicas.get(criterion)
+        return replica is not None and replica.is_leader
+
+    async def _run_campaign(self, criterion: bytes, force: bool, proposed: ChainConfig | None,
+                            done: trio.Event) -> None:
+        won = False
+        try:
+            with trio.move_on_after(self.options.request_timeout * 2):
+                won = await self._campaign(criterion, force, proposed)
+        except KettenError as exc:
+            _log.debug("campaign for %s failed: %s", criterion.hex()[:16], exc)
+        finally:
+            del self._campaigns[criterion]
+            done.set()
+            replica = self._replicas.get(criterion)
+            if replica is not None and not replica.is_leader:
+                replica.voting = False
+                if replica.role is Role.CANDIDATE:
+                    replica.role = Role.FOLLOWER
+        self._counts["elections_won" if won else "elections_lost"] += 1
+
+    async def _campaign(self, criterion: bytes, force: bool,
+                        proposed: ChainConfig | None) -> bool:
+        if not force:
+            async with self.chains.lock(criterion):
+                replica = await self.replica(criterion, create=proposed is not None)
+                if replica is None:
+                    return False
+                if replica.is_leader:
+                    return True
+                fresh = replica.state == ChainState()
+                if proposed is not None and replica.config is None:
+                    replica.state = attrs.evolve(replica.state, configs=(proposed,))
+                begun = replica.begin_election(pre=True)
+                if begun is None:
+                    self._unload_if_fresh(criterion, replica, fresh)
+                    return False
+                term, members = begun
+                rank = replica.rank()
+            await self._ask(replica, members, VoteItem(criterion, term, True, rank,
+                                                       replica.config))
+            async with self.chains.lock(criterion):
+                if not replica.elected():
+                    replica.voting = False
+                    self._unload_if_fresh(criterion, replica, fresh)
+                    return False
+        async with self.chains.lock(criterion):
+            replica = await self.replica(criterion, create=proposed is not None)
+            if replica is None:
+                return False
+            if replica.is_leader:
+                return True
+            if proposed is not None and replica.config is None:
+                replica.state = attrs.evolve(replica.state, configs=(proposed,))
+            begun = replica.begin_election(pre=False)
+            if begun is None:
+                return False
+            term, members = begun
+            rank = replica.rank()
+            await self._save(replica)
+        await self._ask(replica, members, VoteItem(criterion, term, False, rank,
+                                                   replica.config, force))
+        async with self.chains.lock(criterion):
+            if (replica.elected() and replica.term == term
+                    and replica.role is Role.CANDIDATE):
+                replica.become_leader(self._now())
+                await self._save(replica)
+                self._reconfigs.pop(criterion, None)
+                _log.debug("%s leads %s in term %d", self.own().address, criterion.hex()[:16],
+                           term)
+            else:
+                replica.voting = False
+                if replica.role is Role.CANDIDATE:
+                    replica.role = Role.FOLLOWER
+                return False
+        self._signal(criterion)
+        self._mark(replica)
+        await self._advance(replica)
+        return True
+
+    def _unload_if_fresh(self, criterion: bytes, replica: Replica, fresh: bool) -> None:
+        """Forget a replica made only for a creation that did not happen (nothing was stored)."""
+        if fresh and self._replicas.get(criterion) is replica and replica.head is None:
+            del self._replicas[criterion]
+            self._members.pop(criterion, None)
+
+    async def _ask(self, replica: Replica, members: list[Member], item: VoteItem) -> None:
+        """Ask ``members`` for votes; stop once the outcome is clear."""
+        timeout = self.options.request_timeout / 2
+        config = replica.config
+        async with trio.open_nursery() as nursery:
+
+            async def one(member: Member) -> None:
+                try:
+                    _, reply = await self.rpc.call(self.sets.address(member), Vote((item,)),
+                                                   timeout=timeout, retransmit=True)
+                except KettenError:
+                    self._counts["peer_failures"] += 1
+                    return
+                for result in reply.results:
+                    if result.criterion != item.criterion:
+                        continue
+                    persist = replica.on_vote_answer(member.key, result.granted, result.term)
+                    if persist is not None:
+                        async with self.chains.lock(item.criterion):
+                            await self._save(replica)
+                        nursery.cancel_scope.cancel()
+                if replica.elected() or not replica.voting:
+                    nursery.cancel_scope.cancel()
+
+            if config is not None and config.quorum(replica.votes):
+                return
+            for member in members:
+                nursery.start_soon(one, member)
+
+    async def create(self, criterion: bytes, members: tuple[Member, ...]) -> Replica | Route | None:
+        """Create the chain on ``members`` (this node among them), unless it exists.
+
+        Asks the nodes nearest to the key first; returns the route of an
+        existing chain, this node's replica if it now leads the new chain, or
+        ``None`` if that did not happen (yet). The work runs in the
+        replicator's nursery: a caller that stops waiting does not cut it short.
+        """
+        existing = await self.replica(criterion)
+        if existing is not None and existing.config is not None:
+            return existing if existing.is_leader else await self.route(criterion)
+        running = self._creations.get(criterion)
+        if running is None:
+            if self._nursery is None:
+                return None
+            running = self._creations[criterion] = trio.Event()
+            self._nursery.start_soon(self._run_creation, criterion, members, running)
+        await running.wait()
+        replica = self._replicas.get(criterion)
+        if replica is not None and replica.is_leader:
+            return replica
+        return await self.route(criterion) or self.sets.cached(criterion)
+
+    async def _run_creation(self, criterion: bytes, members: tuple[Member, ...],
+                            done: trio.Event) -> None:
+        try:
+            with trio.move_on_after(self.options.request_timeout * 3):
+                found, _, _ = await self.sets.survey(criterion)
+                if found is not None or await self.chains.head(criterion) is not None:
+                    # It exists; or a copy without replication state (an old reader's
+                    # cache) is here: not ours to start.
+                    return
+                proposed = ChainConfig(1, members, (), -1, 0)
+                if proposed.is_voter(self.own().key):
+                    await self.campaign(criterion, proposed=proposed)
+        except KettenError as exc:
+            _log.debug("creating %s failed: %s", criterion.hex()[:16], exc)
+        finally:
+            del self._creations[criterion]
+            done.set()
+
+    async def lead(self, criterion: bytes, *, urge: bool) -> Replica | Route | None:
+        """This node's replica if it leads ``criterion`` (standing for it when urged and
+        no leader is active), else the route to the leader, else ``None``."""
+        replica = await self.replica(criterion)
+        if replica is None or replica.config is None:
+            return None
+        if replica.is_leader:
+            return replica
+        if not replica.is_voter():
+            return Route(replica.config, replica.term, replica.leader, replica.commit)
+        if replica.leader_active(self._now()) and not urge:
+            return Route(replica.config, replica.term, replica.leader, replica.commit)
+        if replica.leader is not None and replica.leader_active(self._now()):
+            return Route(replica.config, replica.term, replica.leader, replica.commit)
+        if await self.campaign(criterion):
+            return self._replicas.get(criterion)
+        return await self.route(criterion)
+
+    # -- leading: the senders ------------------------------------------------------------
+
+    def _mark(self, replica: Replica) -> None:
+        """Every member of ``replica`` may be owed an append now."""
+        if not replica.is_leader:
+            return
+        config = replica.config
+        addresses = {m.key: m for m in config.members()} if config is not None else {}
+        for key in replica.members_to_send():
+            member = addresses.get(key)
+            sender = self._senders.get(key)
+            if sender is None:
+                if member is None:
+                    member = self._learner_members.get(key)
+                if member is None:
+                    continue
+                sender = self._senders[key] = _Sender(member)
+            elif member is not None:
+                sender.member = member
+            sender.dirty[replica.criterion] = None
+            if not sender.running and self._nursery is not None:
+                sender.running = True
+                self._nursery.start_soon(self._send_loop, key)
+
+    async def _send_loop(self, key: bytes) -> None:
+        sender = self._senders[key]
+        try:
+            while sender.dirty:
+                if sender.failures:
+                    delay = min(self.options.request_timeout,
+                                0.05 * 2 ** min(sender.failures, 8))
+                    await trio.sleep(delay * (0.5 + self.rng.random()))
+                await self._send_batch(key, sender)
+        finally:
+            sender.running = False
+            if not sender.dirty and self._senders.get(key) is sender:
+                del self._senders[key]
+
+    async def _send_batch(self, key: bytes, sender: _Sender) -> None:
+        chosen: list[bytes] = []
+        while sender.dirty and len(chosen) < MAX_BATCH:
+            criterion, _ = sender.dirty.popitem(last=False)
+            chosen.append(criterion)
+        budget = self.options.batch_bytes
+        items: list[AppendItem] = []
+        plans: list[tuple[Replica, AppendPlan]] = []
+        for criterion in chosen:
+            replica = self._replicas.get(criterion)
+            if replica is None or not replica.is_leader:
+                continue
+            plan = replica.plan(key)
+            if plan is None:
+                continue
+            built = await self._build(replica, plan, max(budget, 1))
+            if built is None:
+                continue
+            item, plan = built
+            budget -= sum(len(e) for e in item.events)
+            replica.sent(plan)
+            items.append(item)
+            plans.append((replica, plan))
+        if not items:
+            return
+        self._counts["append_requests"] += 1
+        self._counts["appends_sent"] += sum(len(i.events) for i in items)
+        try:
+            _, reply = await self.rpc.call(self.sets.address(sender.member), Append(tuple(items)),
+                                           timeout=self.options.request_timeout, retransmit=True)
+        except KettenError as exc:
+            _log.debug("append to %s failed: %s", sender.member.address, exc)
+            self._counts["peer_failures"] += 1
+            sender.failures += 1
+            for replica, plan in plans:
+                replica.send_failed(key)
+                if replica.is_leader:
+                    sender.dirty[replica.criterion] = None
+            return
+        sender.failures = 0
+        acks = {a.criterion: a for a in reply.acks}
+        for replica, plan in plans:
+            ack = acks.get(replica.criterion)
+            if ack is None:
+                replica.send_failed(key)
+            else:
+                await self._take_ack(replica, key, plan, ack)
+            if replica.is_leader and replica.plan(key) is not None:
+                sender.dirty[replica.criterion] = None
+
+    async def _build(self, replica: Replica, plan: AppendPlan,
+                     budget: int) -> tuple[AppendItem, AppendPlan] | None:
+        criterion = replica.criterion
+        prev: Pos | None = None
+        if plan.prev >= 0:
+            value = await self.chains.hash_at(criterion, plan.prev)
+            if value is None:
+                return None
+            prev = (plan.prev, value)
+        raws: list[bytes] = []
+        last = plan.last
+        if plan.last >= plan.first:
+            raws, _ = await self.chains.read_batch(criterion, plan.first, budget,
+                                                   stop=plan.last + 1)
+            last = plan.first + len(raws) - 1
+        reach = max(last, plan.prev)
+        commit = plan.commit if plan.commit is not None and plan.commit[0] <= reach else None
+        configs = tuple(c for c in plan.configs if c.at <= reach) or plan.configs[:1]
+        plan = attrs.evolve(plan, last=last, commit=commit, configs=configs)
+        return AppendItem(criterion, plan.term, plan.start, prev, tuple(raws), commit,
+                          configs), plan
+
+    async def _take_ack(self, replica: Replica, key: bytes, plan: AppendPlan,
+                        ack: AppendAck) -> None:
+        try:
+            status = AckStatus(ack.status)
+        except ValueError:
+            replica.send_failed(key)
+            return
+        match = None
+        if status is AckStatus.MISMATCH and ack.locator:
+            hashes = await self.chains.hashes(replica.criterion, [s for s, _ in ack.locator])
+            common = [s for s, h in ack.locator if hashes.get(s) == h]
+            match = max(common) if common else None
+        data = AppendAckData(status, ack.term, ack.log_term, ack.head, ack.epoch, ack.commit,
+                             ack.reason)
+        was_leader = replica.is_leader
+        seq, persist = replica.on_append_ack(key, plan, data, self._now(), locator_match=match)
+        if status is AckStatus.REFUSED:
+            _log.debug("%s refused an append of %s: %s", key.hex()[:8],
+                       replica.criterion.hex()[:16], ack.reason)
+        if persist is not None:
+            async with self.chains.lock(replica.criterion):
+                await self._save(replica)
+        if seq is not None:
+            await self._advance(replica)
+        if was_leader and replica.is_leader and replica.config is not None:
+            reconfig = self._reconfigs.get(replica.criterion)
+            if (reconfig is not None and reconfig.pending) or len(replica.state.configs) > 1 or (
+                    replica.config.joint):
+                await self._reconfigure(replica)
+        self._signal(replica.criterion)
+
+    # -- moving chains ----------------------------------------------------------------
+
+    async def _reconfigure(self, replica: Replica) -> None:
+        criterion = replica.criterion
+        config = replica.config
+        if not replica.is_leader or config is None:
+            return
+        reconfig = self._reconfigs.get(criterion)
+        if reconfig is None:
+            reconfig = self._reconfigs[criterion] = Reconfiguration(
+                self.own().key, self.options.hysteresis, self.options.catch_up_limit)
+        commit_seq = replica.commit[0] if replica.commit is not None else -1
+        ready = {k for k, p in replica.progress.items() if p.synced and p.match >= commit_seq}
+        learners = {k for k, p in replica.progress.items() if p.learner}
+        desired = self.sets.desired(criterion)
+        decision = reconfig.step(
+            self._now(), configs=replica.state.configs, committed=replica.config_committed(),
+            desired=desired, ready=ready,
+            head_seq=-1 if replica.head is None else replica.head[0], term=replica.term,
+            learners=learners)
+        change = decision.change
+        if change is Change.NOTHING:
+            return
+        if change is Change.LEARN:
+            for member in decision.members:
+                self._learner_members[member.key] = member
+                replica.add_learner(member.key)
+            self._mark(replica)
+            return
+        if change is Change.FORGET:
+            for member in decision.members:
+                replica.drop_learner(member.key)
+            return
+        async with self.chains.lock(criterion):
+            if not replica.is_leader:
+                return
+            if change is Change.PRUNE:
+                if replica.prune_configs() is not None:
+                    await self._save(replica)
+            elif change is Change.PROPOSE:
+                assert decision.config is not None
+                new = attrs.evolve(decision.config,
+                                   at=-1 if replica.head is None else replica.head[0],
+                                   term=replica.term)
+                replica.propose_config(new)
+                await self._save(replica)
+                self._counts["reconfigurations"] += 1
+                _log.info("chain %s: configuration %d %s (voters %s)", criterion.hex()[:16],
+                          new.epoch, "joint" if new.joint else "in force",
+                          ", ".join(m.address for m in new.voters))
+            elif change is Change.HAND_OVER:
+                target = decision.members[0] if decision.members else None
+                replica.role = Role.FOLLOWER
+                replica.leader = None
+                replica.progress.clear()
+                replica.start = None
+                if target is not None:
+                    try:
+                        await self.rpc.notify(self.sets.address(target), "elect",
+                                              {"c": criterion})
+                    except KettenError:
+                        pass
+        self._mark(replica)
+        await self._advance(replica)
+        self._signal(criterion)
+
+    # -- background ---------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Own the senders and run the background rounds until cancelled."""
+        await self.load_all()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._flush_loop)
+            task_status.started()
+            interval = self.options.anti_entropy
+            while True:
+                await trio.sleep(interval * (0.5 + self.rng.random()))
+                with trio.move_on_after(interval * 10):
+                    await self.maintain()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await trio.sleep(self.options.commit_flush)
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write the commit marks that moved since the last flush."""
+        dirty, self._dirty_states = self._dirty_states, {}
+        for criterion in dirty:
+            replica = self._replicas.get(criterion)
+            if replica is None:
+                continue
+            try:
+                async with self.chains.lock(criterion):
+                    await self._save(replica)
+            except StoreError as exc:
+                _log.warning("cannot store the state of chain %s: %s", criterion.hex()[:16], exc)
+
+    async def maintain(self) -> None:
+        """One background round: moves, stand-ins for silent leaders, digests."""
+        self._counts["anti_entropy_rounds"] += 1
+        now = self._now()
+        for replica in list(self._replicas.values()):
+            if replica.is_leader:
+                await self._reconfigure(replica)
+        await self._watch(now)
+        await self._digests()
+
+    async def _watch(self, now: float) -> None:
+        """Chains whose configuration the overlay no longer matches, with no leader
+        moving them: after the hysteresis period, stand for leader (and move them)."""
+        own = self.own().key
+        for criterion, voters in list(self._members.items()):
+            if own not in voters:
+                self._mismatch.pop(criterion, None)
+                continue
+            desired = frozenset(m.key for m in self.sets.desired(criterion))
+            replica = self._replicas.get(criterion)
+            pending = replica is not None and replica.config is not None and (
+                replica.config.joint or len(replica.state.configs) > 1)
+            if desired == voters and not pending:
+                self._mismatch.pop(criterion, None)
+                continue
+            since = self._mismatch.setdefault(criterion, now)
+            if now - since < self.options.hysteresis:
+                continue
+            replica = await self.replica(criterion)
+            if replica is None or replica.is_leader or replica.leader_active(now):
+                continue
+            if criterion in self._campaigns or self._nursery is None:
+                continue
+            self._mismatch[criterion] = now
+            self._nursery.start_soon(self._stand_in, criterion)
+
+    async def _stand_in(self, criterion: bytes) -> None:
+        """The leader has been silent while the chain should move: if it does not
+        answer (an idle leader is not a dead one), stand for leader."""
+        replica = self._replicas.get(criterion)
+        if replica is None:
+            return
+        leader = replica.leader
+        config = replica.config
+        if leader is not None and config is not None:
+            address = config.address_of(leader)
+            if address is not None:
+                try:
+                    _, reply = await self.rpc.call(
+                        self.sets.address(Member(leader, address)), CommitQuery(criterion),
+                        timeout=self.options.request_timeout, retransmit=True)
+                    if reply.kind == "commit":
+                        return  # alive and leading: it moves the chain
+                except KettenError:
+                    pass
+        await self._campaign_quietly(criterion, False)
+
+    # -- anti-entropy ----------------------------------------------------------------------
+
+    def _shared(self) -> dict[bytes, list[bytes]]:
+        """Per peer key, the chains this node shares with it (sorted)."""
+        own = self.own().key
+        out: dict[bytes, list[bytes]] = {}
+        for criterion, voters in self._members.items():
+            if own not in voters:
+                continue
+            for key in voters:
+                if key != own:
+                    out.setdefault(key, []).append(criterion)
+        for chains in out.values():
+            chains.sort()
+        return out
+
+    def _entry(self, criterion: bytes) -> tuple[bytes, int, int]:
+        replica = self._replicas.get(criterion)
+        if replica is None:
+            return criterion, 0, -1
+        commit = replica.commit
+        return criterion, replica.state.epoch, -1 if commit is None else commit[0]
+
+    def _buckets(self, chains: list[bytes]) -> tuple[bytes, ...]:
+        acc = [0] * _BUCKETS
+        for criterion in chains:
+            _, epoch, commit = self._entry(criterion)
+            digest = hashlib.sha256(criterion + epoch.to_bytes(8, "big")
+                                    + (commit + 1).to_bytes(8, "big")).digest()
+            acc[criterion[0] >> 4] ^= int.from_bytes(digest[:16], "big")
+        return tuple(a.to_bytes(16, "big") for a in acc)
+
+    async def _serve_digest(self, peer: Peer, request: Digest) -> DigestReply:
+        shared = self._shared().get(peer.public_key, [])
+        if request.wanted:
+            wanted = set(request.wanted)
+            entries = tuple(self._entry(c) for c in shared if c[0] >> 4 in wanted)
+            theirs = {c: (e, k) for c, e, k in request.entries}
+            await self._pull_ahead(peer, [(c, *theirs[c]) for c in theirs
+                                         if c in set(shared)])
+            return DigestReply((), entries)
+        return DigestReply(self._buckets(shared))
+
+    async def _digests(self) -> None:
+        shared = self._shared()
+        if not shared or self._nursery is None:
+            return
+        async with trio.open_nursery() as nursery:
+            for key in sorted(shared):
+                nursery.start_soon(self._digest_with, key, shared[key])
+
+    async def _digest_with(self, key: bytes, chains: list[bytes]) -> None:
+        member = None
+        for criterion in chains:
+            replica = self._replicas.get(criterion)
+            if replica is not None and replica.config is not None:
+                address = replica.config.address_of(key)
+                if address is not None:
+                    member = Member(key, address)
+                    break
+        if member is None:
+            state = await self.chains.state(chains[0])
+            address = state.config.address_of(key) if state and state.config else None
+            if address is None:
+                return
+            member = Member(key, address)
+        for criterion in chains:
+            await self.replica(criterion)
+        mine = self._buckets(chains)
+        self._counts["digests_sent"] += 1
+        timeout = self.options.request_timeout
+        address = self.sets.address(member)
+        try:
+            peer, reply = await self.rpc.call(address, Digest(mine), timeout=timeout,
+                                              retransmit=True)
+        except KettenError:
+            self._counts["peer_failures"] += 1
+            return
+        if peer.public_key != key or len(reply.buckets) != _BUCKETS:
+            return
+        differing = tuple(i for i in range(_BUCKETS) if reply.buckets[i] != mine[i])
+        if not differing:
+            return
+        entries = tuple(self._entry(c) for c in chains if c[0] >> 4 in set(differing))
+        try:
+            _, listed = await self.rpc.call(address, Digest((), differing, entries),
+                                            timeout=timeout, retransmit=True)
+        except KettenError:
+            self._counts["peer_failures"] += 1
+            return
+        await self._pull_ahead(peer, list(listed.entries))
+
+    async def _pull_ahead(self, peer: Peer, entries: list[tuple[bytes, int, int]]) -> None:
+        """Copy committed events from ``peer`` for every listed chain where it is ahead."""
+        for criterion, _epoch, commit in entries:
+            replica = await self.replica(criterion)
+            if replica is None:
+                continue
+            mine = -1 if replica.commit is None else replica.commit[0]
+            if commit <= mine:
+                continue
+            await self.pull_committed(peer.address, criterion)
+
+    async def pull_committed(self, address: str, criterion: bytes) -> int:
+        """Copy the committed events ``address`` holds beyond our chain, and its commit mark.
+
+        Only committed events are taken (every future leader holds them), so
+        this is safe without the leader. Returns how many events were added.
+        """
+        added = 0
+        while True:
+            head = await self.chains.head_pos(criterion)
+            try:
+                _, reply = await self.rpc.call(
+                    address, Fetch(criterion, head, self.options.batch_bytes, True),
+                    timeout=self.options.request_timeout, retransmit=True)
+            except KettenError:
+                self._counts["peer_failures"] += 1
+                return added
+            if not reply.on:
+                return added
+            try:
+                events = [self.chains.decode(raw, criterion, where="fetch reply")
+                          for raw in reply.events]
+                fresh = await self.chains.accept_committed(criterion, events)
+                added += fresh
+                self._counts["events_synced"] += fresh
+            except (DecodeError, InvalidEvent):
+                self._counts["peer_failures"] += 1
+                return added
+            if reply.commit is not None:
+                async with self.chains.lock(criterion):
+                    replica = self._replicas.get(criterion)
+                    if replica is not None:
+                        held = await self.chains.hash_at(criterion, reply.commit[0])
+                        if held == reply.commit[1] and replica.on_commit_learned(
+                                reply.commit) is not None:
+                            self._commit_learned(criterion, reply.commit)
+            if not reply.more or not events:
+                return added

@@ -1,0 +1,237 @@
+"""``Rpc``: typed request/response between nodes over the transport.
+
+Requests are typed messages (:mod:`ketten._core.messages`) or, for plugins,
+plain CBOR bodies under a service name, in the ``[service, body]``
+envelope. ``Rpc`` is the transport's handler: it decodes each incoming
+frame at the edge, dispatches it to the registered service and isolates
+failures: a :class:`~ketten.KettenError` becomes an error reply, and any
+other exception (a bug of ours or of a plugin) is counted, logged with a
+rate limit and answered as :class:`~ketten.errors.InternalError`; it ends
+that one request, never the node.
+
+Timeouts sit at the call site (``timeout=``); on transports that may lose
+frames a request may be retransmitted (``retransmit=True``, for requests a
+peer may safely handle twice).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import attrs
+import trio
+
+from .._core.messages import Request
+from .._wire import decode_message, encode_message
+from ..errors import (
+    DecodeError,
+    InternalError,
+    KettenError,
+    PeerUnreachable,
+    ProtocolError,
+    UsageError,
+)
+from ..interfaces import Peer, Reply, Transport
+
+__all__ = ["Rpc", "RpcStatistics"]
+
+_log = logging.getLogger("ketten.rpc")
+R = TypeVar("R")
+RawService = Callable[[Peer, Any], Awaitable[Any]]
+RawMessageService = Callable[[Peer, Any], Awaitable[None]]
+
+
+@attrs.frozen
+class RpcStatistics:
+    """Counters of a node's request handling."""
+
+    requests_served: int
+    requests_refused: int
+    decode_errors: int
+    internal_errors: int
+    messages_taken: int
+
+
+@attrs.define(eq=False)
+class _RateLimitedLog:
+    """At most one log record per ``interval`` seconds per key; the rest are counted."""
+
+    interval: float = 10.0
+    _last: dict[str, float] = attrs.field(factory=dict)
+    _suppressed: dict[str, int] = attrs.field(factory=dict)
+
+    def warning(self, key: str, message: str, *args: Any, exc_info: bool = False) -> None:
+        now = trio.current_time()
+        last = self._last.get(key, -math.inf)
+        if now - last < self.interval:
+            self._suppressed[key] = self._suppressed.get(key, 0) + 1
+            return
+        suppressed = self._suppressed.pop(key, 0)
+        self._last[key] = now
+        if len(self._last) > 1024:
+            self._last.clear()
+        suffix = f" ({suppressed} similar suppressed)" if suppressed else ""
+        _log.warning(message + suffix, *args, exc_info=exc_info)
+
+
+@attrs.define(eq=False)
+class Rpc:
+    """Request/response for the node's parts, and the transport's frame handler."""
+
+    transport: Transport
+    request_timeout: float
+    _services: dict[str, RawService] = attrs.field(factory=dict, init=False)
+    _messages: dict[str, RawMessageService] = attrs.field(factory=dict, init=False)
+    _counts: dict[str, int] = attrs.field(init=False)
+    _log: _RateLimitedLog = attrs.field(factory=_RateLimitedLog, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._counts = dict.fromkeys(attrs.fields_dict(RpcStatistics), 0)
+
+    def statistics(self) -> RpcStatistics:
+        return RpcStatistics(**self._counts)
+
+    # -- registration ----------------------------------------------------------
+
+    def serve(self, request_type: type[Request],
+              handler: Callable[[Peer, Any], Awaitable[Any]]) -> None:
+        """Answer ``request_type`` requests with ``handler(peer, request)`` (a typed reply)."""
+
+        async def raw(peer: Peer, body: Any) -> Any:
+            request = request_type.from_wire(body)
+            reply = await handler(peer, request)
+            return reply.to_wire()
+
+        self.serve_raw(request_type.SERVICE, raw)
+
+    def serve_raw(self, name: str, handler: RawService) -> None:
+        """Answer requests to service ``name`` with ``handler(peer, body)`` (CBOR values)."""
+        if name in self._services:
+            raise UsageError(f"service {name!r} is already registered")
+        self._services[name] = handler
+
+    def serve_messages(self, name: str, handler: RawMessageService) -> None:
+        """Take one-way messages to ``name`` with ``handler(peer, body)``."""
+        if name in self._messages:
+            raise UsageError(f"message service {name!r} is already registered")
+        self._messages[name] = handler
+
+    def has_service(self, name: str) -> bool:
+        return name in self._services
+
+    # -- calling ---------------------------------------------------------------
+
+    async def call(self, address: str, request: Request, *, timeout: float | None = None,
+                   retransmit: bool = False) -> tuple[Peer, Any]:
+        """Send ``request`` and return the authenticated peer that answered and its
+        decoded reply.
+
+        Raises :class:`~ketten.errors.PeerUnreachable` (refused, or no reply in
+        ``timeout``), :class:`~ketten.errors.RemoteError` (the peer answered with
+        an error), :class:`~ketten.errors.DecodeError` (a malformed reply).
+        """
+        peer, body = await self.call_raw(address, request.SERVICE, request.to_wire(),
+                                         timeout=timeout, retransmit=retransmit)
+        try:
+            return peer, request.Reply.from_wire(body)
+        except DecodeError as exc:
+            raise DecodeError(f"from {address}: {exc}") from None
+
+    async def call_raw(self, address: str, service: str, body: Any, *,
+                       timeout: float | None = None,
+                       retransmit: bool = False) -> tuple[Peer, Any]:
+        """Like :meth:`call` with a plain body under a service name."""
+        limit = self.request_timeout if timeout is None else timeout
+        data = encode_message(service, body)
+        with trio.move_on_after(limit):
+            # A transport that cannot lose frames (TCP) gets nothing from a
+            # second copy but the extra work of answering it.
+            if retransmit and getattr(self.transport, "loses_frames", True):
+                reply = await self._with_retransmits(address, data, limit)
+            else:
+                reply = await self.transport.request(address, data)
+            name, reply_body = decode_message(reply.data)
+            if name != service:
+                raise ProtocolError(f"{address} answered a {service!r} request as {name!r}")
+            return reply.peer, reply_body
+        raise PeerUnreachable(f"no reply from {address} within {limit} s")
+
+    async def _with_retransmits(self, address: str, data: bytes, limit: float) -> Reply:
+        # Earlier copies stay outstanding: a reply that is merely slow still
+        # counts, whichever copy it answers.
+        replies: list[Reply] = []
+        failures: list[KettenError] = []
+        async with trio.open_nursery() as nursery:
+
+            async def attempt() -> None:
+                try:
+                    replies.append(await self.transport.request(address, data))
+                except KettenError as exc:
+                    failures.append(exc)
+                nursery.cancel_scope.cancel()
+
+            wait = limit / 8
+            while True:
+                nursery.start_soon(attempt)
+                await trio.sleep(wait)
+                wait = min(wait * 2, limit / 4)
+        if replies:
+            return replies[0]
+        raise failures[0]
+
+    async def notify(self, address: str, service: str, body: Any) -> None:
+        """Send a one-way message (it may be lost)."""
+        await self.transport.send(address, encode_message(service, body))
+
+    # -- the transport's handler ---------------------------------------------------
+
+    async def handle_request(self, peer: Peer, data: bytes) -> bytes:
+        try:
+            service, body = decode_message(data)
+        except DecodeError:
+            self._counts["decode_errors"] += 1
+            raise
+        handler = self._services.get(service)
+        if handler is None:
+            self._counts["requests_refused"] += 1
+            raise ProtocolError(f"unknown service {service!r}")
+        try:
+            answer = await handler(peer, body)
+            encoded = encode_message(service, answer)
+        except DecodeError:
+            self._counts["decode_errors"] += 1
+            raise
+        except KettenError:
+            self._counts["requests_refused"] += 1
+            raise
+        except Exception as exc:
+            self._counts["internal_errors"] += 1
+            self._log.warning(f"internal:{service}", "%s request from %s failed: %s: %s",
+                              service, peer.address, type(exc).__name__, exc, exc_info=True)
+            raise InternalError(f"the {service!r} request failed on this node "
+                                f"({type(exc).__name__})") from None
+        self._counts["requests_served"] += 1
+        return encoded
+
+    async def handle_message(self, peer: Peer, data: bytes) -> None:
+        try:
+            service, body = decode_message(data)
+        except DecodeError:
+            self._counts["decode_errors"] += 1
+            return
+        handler = self._messages.get(service)
+        if handler is None:
+            self._counts["requests_refused"] += 1
+            return
+        try:
+            await handler(peer, body)
+            self._counts["messages_taken"] += 1
+        except KettenError:
+            self._counts["requests_refused"] += 1
+        except Exception as exc:
+            self._counts["internal_errors"] += 1
+            self._log.warning(f"internal-msg:{service}", "%s message from %s failed: %s: %s",
+                              service, peer.address, type(exc).__name__, exc, exc_info=True)
