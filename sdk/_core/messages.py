@@ -288,7 +288,7 @@ class OfferAnswer:
         message = _text(m, "m", where) if "m" in m else ""
         route = Route.from_wire(m["rt"], f"{where}.rt") if m.get("rt") is not None else None
         stored = _bool(m, "st", where) if "st" in m else False
-        if kind in (Answer.REUSED, Answer.STALE) and kind is Answer.REUSED and event is None:
+        if kind is Answer.REUSED and event is None:
             raise DecodeError("a reused answer must carry the event", where=where)
         if kind is Answer.REDIRECT and route is None:
             raise DecodeError("a redirect must carry a route", where=where)
@@ -613,16 +613,27 @@ class Fetch(Request):
 
 @attrs.frozen
 class LocateReply:
+    """Per chain asked: its route, or ``None``; ``held`` says the node holds a copy of
+    the chain's events even without a route (a reader's copy, say)."""
+
     routes: tuple[Route | None, ...]
+    held: tuple[bool, ...] = ()
 
     def to_wire(self) -> Any:
-        return {"r": [None if r is None else r.to_wire() for r in self.routes]}
+        return {"r": [None if r is None else r.to_wire() for r in self.routes],
+                "h": list(self.held)}
 
     @classmethod
     def from_wire(cls, body: Any) -> LocateReply:
         m = _map(body, "locate reply")
-        return cls(_items(m, "r", "locate reply",
-                          lambda v, w: None if v is None else Route.from_wire(v, w)))
+        routes = _items(m, "r", "locate reply",
+                        lambda v, w: None if v is None else Route.from_wire(v, w))
+        held: tuple[bool, ...] = ()
+        if "h" in m:
+            held = _items(m, "h", "locate reply", lambda v, w: _bool({"v": v}, "v", w))
+            if len(held) != len(routes):
+                raise DecodeError("one held flag per route", where="locate reply")
+        return cls(routes, held)
 
 
 @attrs.frozen

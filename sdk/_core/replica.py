@@ -168,6 +168,8 @@ class Replica:
     votes: set[bytes] = attrs.field(factory=set)
     voting: bool = False
     pre: bool = False
+    asked: int = 0
+    """The term the running (pre-)election asks for."""
     round: int = 0
     """The latest barrier round the leader started (reads wait for one)."""
     _confirmed_round: int = 0
@@ -246,8 +248,10 @@ class Replica:
         st = self.state
         if term < st.term:
             return AppendOutcome(self._ack(AckStatus.STALE_TERM))
-        latest = configs[-1] if configs else None
-        if latest is not None and not latest.is_voter(sender):
+        # A leader that is not a voter of the configuration it is moving the chain
+        # to still leads until that one is committed: it is a voter of an earlier one.
+        known = [*configs, *st.configs]
+        if known and not any(c.is_voter(sender) for c in known):
             return AppendOutcome(self._ack(AckStatus.REFUSED, "the sender is not a voter"))
         if term == st.term and self.role is Role.LEADER:
             return AppendOutcome(self._ack(AckStatus.REFUSED, "two leaders in one term"))
@@ -395,14 +399,18 @@ class Replica:
                 proposed: ChainConfig | None = None) -> VoteAnswer:
         """A (pre-)vote request of ``sender`` for ``term``.
 
-        ``proposed`` is the first configuration of a chain being created; a
-        broker with no configuration yet judges the request by it.
+        ``proposed`` is the candidate's configuration; a broker with none yet
+        (new to the chain, or the chain is being created) takes it.
         """
         st = self.state
         config = st.config
-        if config is None and proposed is not None and proposed.is_voter(self.own):
-            config = proposed
-        if config is None or not config.is_voter(sender) or not config.is_voter(self.own):
+        # Votes are counted by the candidate's configuration, so a broker that does
+        # not know yet that it is a voter there (a new member) still answers; one
+        # vote per term and the up-to-date rule are what keep elections safe. A
+        # stranger to both configurations is refused.
+        known = (config is not None and config.is_voter(sender)) or (
+            proposed is not None and proposed.is_voter(sender))
+        if not known:
             return VoteAnswer(False, st.term)
         up_to_date = rank >= self.rank()
         if pre:
@@ -414,7 +422,7 @@ class Replica:
         if not force and term > st.term and self.leader_active(now) and self.role is not Role.LEADER:
             return VoteAnswer(False, st.term)
         persist = self._step_down(term)
-        if st.config is None and proposed is not None:
+        if st.config is None and proposed is not None and proposed.is_voter(self.own):
             persist = self._evolve(configs=(proposed,))
         if self.state.voted_for in (None, sender) and up_to_date:
             if self.state.voted_for != sender:
@@ -442,14 +450,18 @@ class Replica:
             self.role = Role.CANDIDATE
             self.leader = None
             term = self.state.term
+        self.asked = term
         return term, [m for m in config.members() if m.key != self.own]
 
-    def on_vote_answer(self, sender: bytes, granted: bool, term: int) -> ChainState | None:
-        """Count an answer; returns state to persist if it showed a newer term."""
-        if term > self.state.term and not (self.pre and granted):
+    def on_vote_answer(self, sender: bytes, granted: bool, term: int, *, asked: int,
+                       pre: bool) -> ChainState | None:
+        """Count an answer to the request for ``asked`` (``pre``: a pre-vote); ``term``
+        is the answerer's. Answers to earlier elections are ignored. Returns
+        state to persist if the answer showed a newer term."""
+        if term > self.state.term and not (pre and granted):
             self.voting = False
             return self._step_down(term)
-        if granted and self.voting:
+        if granted and self.voting and asked == self.asked and pre == self.pre:
             self.votes.add(sender)
         return None
 

@@ -245,9 +245,13 @@ class Broker:
 
     async def _serve_locate(self, peer: Peer, request: Locate) -> LocateReply:
         routes: list[Route | None] = []
+        held: list[bool] = []
         for criterion in request.criteria:
             try:
-                routes.append(await self.replicator.route(criterion))
+                route = await self.replicator.route(criterion)
             except KettenError:
-                routes.append(None)
-        return LocateReply(tuple(routes))
+                route = None
+            routes.append(route or self.sets.cached(criterion))
+            held.append(route is not None or self.sets.exists(criterion)
+                        or await self.chains.head(criterion) is not None)
+        return LocateReply(tuple(routes), tuple(held))

@@ -418,7 +418,6 @@ class Node:
                     await trio.sleep(self._rng.random() * 0.05)
                 continue
             if reply.kind == "absent":
-                self._sets.forget(key)
                 urge = True
                 last_error = f"{target.address} holds no such chain"
                 continue

@@ -113,6 +113,7 @@ class Publisher:
             if step is Step.DONE:
                 assert action.event is not None
                 self.note_head(criterion, (action.event.seq, action.event.hash))
+                self.sets.note_exists(criterion)
                 return action.event
             if step is Step.FAIL:
                 raise self._error(attempt, action.error, action.message, action.answer,

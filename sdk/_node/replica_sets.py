@@ -29,6 +29,7 @@ from .rpc import Rpc
 __all__ = ["Creation", "ReplicaSets"]
 
 _MAX_ROUTES = 1 << 16
+_MAX_KNOWN = 1 << 18
 
 
 @attrs.frozen
@@ -53,6 +54,9 @@ class ReplicaSets:
     local: Callable[[bytes], Route | None]
     timeout: float
     _routes: OrderedDict[bytes, Route] = attrs.field(factory=OrderedDict, init=False)
+    _known: OrderedDict[bytes, None] = attrs.field(factory=OrderedDict, init=False)
+    """Chains this node has seen exist (kept longer than routes, and across restarts)."""
+    _known_dirty: bool = attrs.field(default=False, init=False)
     _lookups: int = attrs.field(default=0, init=False)
 
     @property
@@ -69,8 +73,33 @@ class ReplicaSets:
             self._routes.move_to_end(criterion)
         return found
 
+    def exists(self, criterion: bytes) -> bool:
+        """Has this node seen the chain exist (a route, a copy, an answer)?"""
+        return criterion in self._known or self.local(criterion) is not None
+
+    def note_exists(self, criterion: bytes) -> None:
+        if criterion not in self._known:
+            self._known[criterion] = None
+            self._known_dirty = True
+            while len(self._known) > _MAX_KNOWN:
+                self._known.popitem(last=False)
+        else:
+            self._known.move_to_end(criterion)
+
+    def known_bytes(self) -> bytes | None:
+        """The known chains to store (``None``: nothing changed since the last time)."""
+        if not self._known_dirty:
+            return None
+        self._known_dirty = False
+        return b"".join(self._known)
+
+    def load_known(self, data: bytes) -> None:
+        for start in range(0, len(data) - len(data) % 32, 32):
+            self._known[data[start:start + 32]] = None
+
     def learn(self, criterion: bytes, route: Route) -> None:
         """Remember ``route`` unless a newer one is known (epoch, then term)."""
+        self.note_exists(criterion)
         known = self._routes.get(criterion)
         if known is not None and (known.config.epoch, known.term) > (route.config.epoch,
                                                                      route.term):
@@ -118,13 +147,17 @@ class ReplicaSets:
             local = self.local(criterion)
             if local is not None and local.leader is not None:
                 return local
-        route, answered, asked = await self.survey(criterion)
+        route, answered, asked, held = await self.survey(criterion)
         if route is not None:
             return route
         cached = self._routes.get(criterion)
         if cached is not None:
             # Known to exist, its brokers silent: never start a second chain.
             return cached
+        if held or self.exists(criterion):
+            raise QuorumUnavailable(
+                f"criterion {criterion.hex()[:16]} exists, but none of its brokers could be "
+                "found or reached")
         members = (await self.candidates(criterion, self.replication))[: self.replication]
         if self.overlay is not None and len(members) < self.replication:
             raise QuorumUnavailable(
@@ -137,11 +170,12 @@ class ReplicaSets:
                 f"{criterion.hex()[:16]} answered; whether the chain exists cannot be told")
         return Creation(tuple(members))
 
-    async def survey(self, criterion: bytes) -> tuple[Route | None, int, int]:
+    async def survey(self, criterion: bytes) -> tuple[Route | None, int, int, bool]:
         """Ask the nodes nearest to ``criterion`` (twice ``r`` of them) what they know.
 
-        Returns the newest route any of them holds, how many answered and
-        how many were asked (this node counts as one that answered).
+        Returns the newest route any of them holds, how many answered, how
+        many were asked (this node counts as one that answered) and whether
+        any of them holds a copy of the chain.
         """
         self._lookups += 1
         nearby = await self.candidates(criterion, 2 * self.replication)
@@ -149,7 +183,7 @@ class ReplicaSets:
         best = self.local(criterion)
         answered = 1 if any(m.key == own for m in nearby) else 0
         others = [m for m in nearby if m.key != own]
-        results: list[Route | bool | None] = [False] * len(others)
+        results: list[tuple[Route | None, bool] | None] = [None] * len(others)
 
         async def ask(index: int, member: Member) -> None:
             try:
@@ -157,23 +191,28 @@ class ReplicaSets:
                                                timeout=self.timeout / 2, retransmit=True)
             except KettenError:
                 return
-            routes = reply.routes
-            results[index] = routes[0] if len(routes) == 1 else None
+            if len(reply.routes) == 1:
+                results[index] = (reply.routes[0], bool(reply.held and reply.held[0]))
 
         async with trio.open_nursery() as nursery:
             for index, member in enumerate(others):
                 nursery.start_soon(ask, index, member)
+        held = False
         for result in results:
-            if result is False:
+            if result is None:
                 continue
             answered += 1
-            if isinstance(result, Route) and (
-                    best is None or (result.config.epoch, result.term) > (best.config.epoch,
-                                                                        best.term)):
-                best = result
+            found, copy = result
+            held = held or copy or found is not None
+            if found is not None and (
+                    best is None or (found.config.epoch, found.term) > (best.config.epoch,
+                                                                      best.term)):
+                best = found
         if best is not None:
             self.learn(criterion, best)
-        return best, answered, len(nearby) if nearby else 1
+        elif held:
+            self.note_exists(criterion)
+        return best, answered, len(nearby) if nearby else 1, held
 
     def members_of(self, route: Route) -> Sequence[Member]:
         return route.config.members()

@@ -67,6 +67,7 @@ __all__ = ["ReplicationOptions", "ReplicationStatistics", "Replicator"]
 
 _log = logging.getLogger("ketten.replication")
 _MAX_LOADED = 1 << 16
+_KNOWN_CURSOR = "ketten/known"
 _BUCKETS = 16
 
 
@@ -282,9 +283,14 @@ class Replicator:
         self._index(replica.criterion, replica.state)
 
     async def load_all(self) -> None:
-        """Index every chain this node holds replication state of (at start)."""
+        """Index every chain this node holds replication state of, and recall the chains
+        it knew to exist (at start)."""
         for criterion, state in (await self.chains.states()).items():
             self._index(criterion, state)
+            self.sets.note_exists(criterion)
+        known = await self.chains.store.get_cursor(_KNOWN_CURSOR)
+        if known is not None:
+            self.sets.load_known(known)
 
     # -- observers of the store ----------------------------------------------------
 
@@ -293,6 +299,7 @@ class Replicator:
         for event in events:
             last[event.criterion] = event
         for criterion, event in last.items():
+            self.sets.note_exists(criterion)
             replica = self._replicas.get(criterion)
             if replica is not None and (replica.head is None or replica.head[0] < event.seq):
                 replica.head = (event.seq, event.hash)
@@ -466,6 +473,11 @@ class Replicator:
             replica = await self.replica(criterion, create=item.proposed is not None)
             if replica is None:
                 return VoteResult(criterion, False, 0)
+            creating = item.rank[1] < 0 and replica.config is None
+            if creating and (self.sets.exists(criterion)
+                             or await self.chains.head(criterion) is not None):
+                # A chain is being created that this node knows exists: never a second one.
+                return VoteResult(criterion, False, replica.term)
             answer = replica.on_vote(peer.public_key, item.term, item.pre, item.rank,
                                      self._now(), force=item.force, proposed=item.proposed)
             if answer.state is not None:
@@ -609,7 +621,8 @@ class Replicator:
                 for result in reply.results:
                     if result.criterion != item.criterion:
                         continue
-                    persist = replica.on_vote_answer(member.key, result.granted, result.term)
+                    persist = replica.on_vote_answer(member.key, result.granted, result.term,
+                                                     asked=item.term, pre=item.pre)
                     if persist is not None:
                         async with self.chains.lock(item.criterion):
                             await self._save(replica)
@@ -649,13 +662,17 @@ class Replicator:
                             done: trio.Event) -> None:
         try:
             with trio.move_on_after(self.options.request_timeout * 3):
-                found, _, _ = await self.sets.survey(criterion)
-                if found is not None or await self.chains.head(criterion) is not None:
-                    # It exists; or a copy without replication state (an old reader's
-                    # cache) is here: not ours to start.
+                if self.sets.exists(criterion):
+                    return  # known to exist: never a second chain
+                found, _, _, held = await self.sets.survey(criterion)
+                if found is not None or held or await self.chains.head(criterion) is not None:
+                    # It exists; or someone holds a copy (an old reader's cache, say):
+                    # not ours to start.
                     return
                 proposed = ChainConfig(1, members, (), -1, 0)
                 if proposed.is_voter(self.own().key):
+                    _log.info("%s: creating chain %s on %s", self.own().address,
+                              criterion.hex()[:16], ", ".join(m.address for m in members))
                     await self.campaign(criterion, proposed=proposed)
         except KettenError as exc:
             _log.debug("creating %s failed: %s", criterion.hex()[:16], exc)
@@ -671,12 +688,13 @@ class Replicator:
             return None
         if replica.is_leader:
             return replica
+        route = Route(replica.config, replica.term, replica.leader, replica.commit)
         if not replica.is_voter():
-            return Route(replica.config, replica.term, replica.leader, replica.commit)
-        if replica.leader_active(self._now()) and not urge:
-            return Route(replica.config, replica.term, replica.leader, replica.commit)
-        if replica.leader is not None and replica.leader_active(self._now()):
-            return Route(replica.config, replica.term, replica.leader, replica.commit)
+            return route
+        # An idle leader is not a dead one: send the caller there unless it says the
+        # leader does not answer, and even then not if we heard from it just now.
+        if replica.leader is not None and (not urge or replica.leader_active(self._now())):
+            return route
         if await self.campaign(criterion):
             return self._replicas.get(criterion)
         return await self.route(criterion)
@@ -758,16 +776,20 @@ class Replicator:
                 if replica.is_leader:
                     sender.dirty[replica.criterion] = None
             return
-        sender.failures = 0
         acks = {a.criterion: a for a in reply.acks}
+        refused = 0
         for replica, plan in plans:
             ack = acks.get(replica.criterion)
+            if ack is None or ack.status == "refused":
+                refused += 1
             if ack is None:
                 replica.send_failed(key)
             else:
                 await self._take_ack(replica, key, plan, ack)
             if replica.is_leader and replica.plan(key) is not None:
                 sender.dirty[replica.criterion] = None
+        # A peer that refuses everything is retried with backoff, like one that fails.
+        sender.failures = sender.failures + 1 if refused == len(plans) else 0
 
     async def _build(self, replica: Replica, plan: AppendPlan,
                      budget: int) -> tuple[AppendItem, AppendPlan] | None:
@@ -909,7 +931,14 @@ class Replicator:
             await self.flush()
 
     async def flush(self) -> None:
-        """Write the commit marks that moved since the last flush."""
+        """Write the commit marks that moved since the last flush, and the chains this
+        node learned to exist."""
+        known = self.sets.known_bytes()
+        if known is not None:
+            try:
+                await self.chains.store.put_cursor(_KNOWN_CURSOR, known)
+            except StoreError as exc:
+                _log.warning("cannot store the known chains: %s", exc)
         dirty, self._dirty_states = self._dirty_states, {}
         for criterion in dirty:
             replica = self._replicas.get(criterion)

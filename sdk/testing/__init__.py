@@ -1,10 +1,12 @@
 """Test helpers for ketten and for plugin authors.
 
 Conformance suites in the style of ``trio.testing.check_two_way_stream``:
-call them from your own tests with a factory for your plugin. Simulation
-helpers (:func:`open_cluster`, :func:`seed_scheduler`) and pytest fixtures
-(``pytest_plugins = ["ketten.testing.fixtures"]``) run many nodes on one
-seeded in-process network in virtual time.
+call them from your own tests with a factory for your plugin
+(:func:`check_store`, :func:`check_clock`, :func:`check_overlay`).
+Clusters of nodes in one process on the simulated network or on loopback
+TCP (:func:`open_cluster`), deterministic runs (:func:`deterministic`), the
+fault simulation with its Jepsen-style checker (:func:`run_simulation`) and
+pytest fixtures (``pytest_plugins = ["ketten.testing.fixtures"]``).
 """
 
 from __future__ import annotations
@@ -12,11 +14,22 @@ from __future__ import annotations
 from ._check_clock import check_clock
 from ._check_overlay import OverlayFactory, check_overlay
 from ._check_store import check_store
-from ._cluster import Cluster, deterministic_identity, open_cluster, seed_scheduler
-from ._jepsen import CheckResult, FaultRecord, ForkRecord, History, Op, Snapshot, check
-from ._sim import SimConfig, SimResult, run_simulation
+from ._cluster import Cluster, deterministic, deterministic_identity, open_cluster
+from ._jepsen import (
+    CheckResult,
+    FaultRecord,
+    ForkRecord,
+    History,
+    Op,
+    Read,
+    Snapshot,
+    check,
+    final_config,
+)
+from ._sim import FAMILIES, SimConfig, SimResult, run_simulation
 
 __all__ = [
+    "FAMILIES",
     "CheckResult",
     "Cluster",
     "FaultRecord",
@@ -24,6 +37,7 @@ __all__ = [
     "History",
     "Op",
     "OverlayFactory",
+    "Read",
     "SimConfig",
     "SimResult",
     "Snapshot",
@@ -31,8 +45,9 @@ __all__ = [
     "check_clock",
     "check_overlay",
     "check_store",
+    "deterministic",
     "deterministic_identity",
+    "final_config",
     "open_cluster",
     "run_simulation",
-    "seed_scheduler",
 ]

@@ -1,18 +1,19 @@
 """A Jepsen-style checker for replicated chains.
 
 It knows nothing of how publishing works. It takes a *history* (every
-invocation of a publish and how it ended, plus the timeline of injected
-faults) and the *final chains* read from every node's store, and checks
-afterwards:
+invocation of a publish and how it ended, every read and what it returned,
+and the timeline of injected faults) and the *final state* read from every
+node's store after the faults healed, and checks:
 
-* no acknowledged event is lost: each is on the final chain of every broker;
-* no command id ``(author, command)`` is applied twice on any chain, and
-  every applied command was invoked with exactly that payload;
-* all acknowledgements of one command name the same event;
-* the brokers of each criterion hold byte-identical, valid chains, and
-  converged within the bound after the faults healed;
-* no publish was acknowledged while a majority of its brokers was
-  unreachable from the publisher for the whole time it was in flight.
+* every acknowledged event is held, at its position, by a majority of the
+  chain's final configuration;
+* no two acknowledged events lie on diverging histories of one chain;
+* all acknowledgements of one command name the same event, and no command id
+  ``(author, command)`` is applied twice on any chain; every applied command
+  was invoked with exactly that payload;
+* every read contains every event acknowledged before the read began;
+* the voters of each chain's final configuration hold byte-identical, valid
+  chains, and converged within the bound after the faults healed.
 """
 
 from __future__ import annotations
@@ -23,9 +24,20 @@ import attrs
 
 from .._core.chain import Chain, Verify
 from .._core.event import Event
+from .._core.membership import ChainConfig, ChainState, majority
 from ..errors import KettenError
 
-__all__ = ["CheckResult", "FaultRecord", "ForkRecord", "History", "Op", "Snapshot", "check"]
+__all__ = [
+    "CheckResult",
+    "FaultRecord",
+    "ForkRecord",
+    "History",
+    "Op",
+    "Read",
+    "Snapshot",
+    "check",
+    "final_config",
+]
 
 
 @attrs.frozen
@@ -33,9 +45,9 @@ class Op:
     """One entry of a history: an invocation or its completion.
 
     ``kind`` is ``invoke``, ``ok`` (acknowledged: ``event`` and ``seq`` say
-    what), ``fail`` (the call raised: ``error`` names it; the command may or
-    may not have been applied) or ``info`` (the publisher crashed while the
-    call was in flight).
+    what), ``fail`` (the call raised an error saying nothing was stored),
+    or ``info`` (the outcome is unknown: the call said so, or the publisher
+    crashed while it was in flight).
     """
 
     process: int
@@ -50,11 +62,20 @@ class Op:
 
 
 @attrs.frozen
-class FaultRecord:
-    """A fault injected (``crash``, ``cut``) or undone (``restart``, ``heal``) at ``time``.
+class Read:
+    """A completed read: what ``process`` got for ``criterion`` between two times."""
 
-    ``nodes`` are node indices; a ``cut`` separates them from all others.
-    """
+    process: int
+    start: float
+    end: float
+    criterion: bytes
+    hashes: tuple[bytes, ...]
+
+
+@attrs.frozen
+class FaultRecord:
+    """A fault injected or undone at ``time``: ``crash``, ``restart``, ``join``,
+    ``cut``, ``heal``, ``loss`` (with ``nodes`` the node indices involved)."""
 
     time: float
     kind: str
@@ -63,13 +84,13 @@ class FaultRecord:
 
 @attrs.frozen
 class ForkRecord:
-    """A node gave up events in a fork resolution (kept for diagnosis)."""
+    """A node cut back its copy of a chain (kept for diagnosis)."""
 
     time: float
     node: int
     criterion: bytes
     orphaned: tuple[tuple[int, bytes], ...]
-    head: tuple[int, bytes]
+    head: tuple[int, bytes] | None
 
 
 @attrs.define(eq=False)
@@ -77,11 +98,15 @@ class History:
     """What happened, in the order it happened."""
 
     ops: list[Op] = attrs.field(factory=list)
+    reads: list[Read] = attrs.field(factory=list)
     faults: list[FaultRecord] = attrs.field(factory=list)
     forks: list[ForkRecord] = attrs.field(factory=list)
 
     def add(self, op: Op) -> None:
         self.ops.append(op)
+
+    def read(self, read: Read) -> None:
+        self.reads.append(read)
 
     def fault(self, record: FaultRecord) -> None:
         self.faults.append(record)
@@ -89,13 +114,18 @@ class History:
 
 @attrs.frozen
 class Snapshot:
-    """Final main chains: ``chains[node][criterion]`` is a list of encoded events."""
+    """The final state of every node.
+
+    ``chains[node][criterion]`` are the encoded events of its main chain,
+    ``states[node][criterion]`` its replication state (absent: none),
+    ``orphans`` the events it gave up (for diagnosis).
+    """
 
     chains: Mapping[int, Mapping[bytes, Sequence[bytes]]]
+    states: Mapping[int, Mapping[bytes, ChainState]]
     converged_after: float | None
-    """Virtual seconds from the heal until every replica set agreed (``None``: never)."""
+    """Virtual seconds from the heal until every chain converged (``None``: never)."""
     orphans: Mapping[int, Mapping[bytes, Sequence[bytes]]] = attrs.field(factory=dict)
-    """Events each node gave up in fork resolutions (for diagnosis)."""
 
 
 @attrs.frozen
@@ -107,6 +137,7 @@ class CheckResult:
     acknowledged: int
     failed: int
     indeterminate: int
+    reads: int
     events: int
 
     @property
@@ -114,71 +145,32 @@ class CheckResult:
         return not self.problems
 
 
-def _reachable_during(
-    faults: Sequence[FaultRecord], src: int, dst: int, start: float, end: float
-) -> bool:
-    """Was ``dst`` up and not cut off from ``src`` at some instant of ``[start, end]``?"""
-    if src == dst:
-        return True
-    down: set[int] = set()
-    cuts: list[frozenset[int]] = []
-
-    def connected() -> bool:
-        if dst in down or src in down:
-            return False
-        return all((src in group) == (dst in group) for group in cuts)
-
-    index = 0
-    ordered = sorted(faults, key=lambda f: f.time)
-    while index < len(ordered) and ordered[index].time <= start:
-        _apply(ordered[index], down, cuts)
-        index += 1
-    if connected():
-        return True
-    while index < len(ordered) and ordered[index].time <= end:
-        now = ordered[index].time
-        while index < len(ordered) and ordered[index].time == now:
-            _apply(ordered[index], down, cuts)
-            index += 1
-        if connected():
-            return True
-    return False
-
-
-def _apply(record: FaultRecord, down: set[int], cuts: list[frozenset[int]]) -> None:
-    group = frozenset(record.nodes)
-    if record.kind == "crash":
-        down.update(group)
-    elif record.kind == "restart":
-        down.difference_update(group)
-    elif record.kind == "cut":
-        cuts.append(group)
-    elif record.kind == "heal":
-        if group in cuts:
-            cuts.remove(group)
-        if not record.nodes:
-            cuts.clear()
+def final_config(snapshot: Snapshot, criterion: bytes) -> ChainConfig | None:
+    """The newest configuration of ``criterion`` any node holds."""
+    best: ChainConfig | None = None
+    for states in snapshot.states.values():
+        state = states.get(criterion)
+        config = None if state is None else state.config
+        if config is not None and (best is None or config.epoch > best.epoch):
+            best = config
+    return best
 
 
 def check(
     history: History,
     snapshot: Snapshot,
     *,
-    brokers: Mapping[bytes, Sequence[int]],
-    replication: int,
+    keys: Mapping[bytes, int],
     authors: Mapping[int, bytes],
-    publisher_nodes: Mapping[int, int],
     settle: float,
 ) -> CheckResult:
     """Check ``history`` against the final ``snapshot``.
 
-    ``brokers[criterion]`` are the node indices of its replica set,
-    ``authors[process]`` the author key each publisher signs with,
-    ``publisher_nodes[process]`` the node it publishes through, ``settle``
-    the bound on convergence after the heal.
+    ``keys`` maps each node's public key to its index, ``authors[process]``
+    is the author key each publisher signs with, ``settle`` the bound on
+    convergence after the heal.
     """
     problems: list[str] = []
-    need = replication // 2 + 1
     invocations: dict[tuple[bytes, int], bytes] = {}
     open_calls: dict[int, Op] = {}
     acked: list[tuple[Op, Op]] = []
@@ -200,11 +192,13 @@ def check(
         if op.kind == "ok":
             acked.append((start, op))
 
-    # Decode and validate every final chain.
+    criteria = sorted({op.criterion for op in history.ops} | {r.criterion for r in history.reads})
+
+    # Decode and validate every final chain; commands applied once, as invoked.
     decoded: dict[int, dict[bytes, list[Event]]] = {}
-    for node, chains in snapshot.chains.items():
+    for node in sorted(snapshot.chains):
         decoded[node] = {}
-        for criterion, encoded in chains.items():
+        for criterion, encoded in snapshot.chains[node].items():
             try:
                 events = [Event.from_bytes(raw) for raw in encoded]
                 if events:
@@ -232,56 +226,83 @@ def check(
                     problems.append(f"node {node}: seq {event.seq} of {criterion.hex()[:12]} "
                                     "holds a command with a payload that was never sent")
 
-    # Convergence.
+    # Convergence of each chain's final configuration.
     if snapshot.converged_after is None or snapshot.converged_after > settle:
-        problems.append(f"replica sets did not converge within {settle} s after the heal "
+        problems.append(f"chains did not converge within {settle} s after the heal "
                         f"(converged after {snapshot.converged_after})")
-    for criterion, members in brokers.items():
-        reference = list(snapshot.chains.get(members[0], {}).get(criterion, []))
-        for node in members[1:]:
-            if list(snapshot.chains.get(node, {}).get(criterion, [])) != reference:
-                problems.append(f"brokers {members[0]} and {node} of {criterion.hex()[:12]} "
-                                "hold different chains")
+    reference: dict[bytes, list[Event]] = {}
+    voters_of: dict[bytes, list[int]] = {}
+    for criterion in criteria:
+        config = final_config(snapshot, criterion)
+        if config is None:
+            continue
+        if config.joint:
+            problems.append(f"chain {criterion.hex()[:12]} ended in a joint configuration "
+                            f"(epoch {config.epoch})")
+        voters = sorted(keys[m.key] for m in config.voters if m.key in keys)
+        voters_of[criterion] = voters
+        chains = {v: decoded.get(v, {}).get(criterion, []) for v in voters}
+        first = voters[0] if voters else None
+        if first is not None:
+            reference[criterion] = chains[first]
+        for v in voters[1:]:
+            if [e.hash for e in chains[v]] != [e.hash for e in chains[first]]:  # type: ignore[index]
+                problems.append(f"voters {first} and {v} of {criterion.hex()[:12]} hold "
+                                f"different chains (epoch {config.epoch})")
 
-    # Acknowledged events: never lost, consistent, only with a reachable majority.
+    # Acknowledged events: kept by a majority of the final configuration, on one history.
     answer: dict[tuple[int, int], bytes] = {}
+    by_position: dict[tuple[bytes, int], bytes] = {}
+    acked_at: list[tuple[float, bytes, int, bytes]] = []
     for start, done in acked:
         call = (done.process, done.command)
         if done.event is None or done.seq is None:
             problems.append(f"process {done.process}: an acknowledgement without an event")
             continue
+        acked_at.append((done.time, done.criterion, done.seq, done.event))
         previous = answer.setdefault(call, done.event)
         if previous != done.event:
             problems.append(f"command {done.command} of process {done.process} was "
                             "acknowledged as two different events")
-        for node in brokers.get(done.criterion, ()):
-            chain = decoded.get(node, {}).get(done.criterion, [])
-            if len(chain) <= done.seq or chain[done.seq].hash != done.event:
-                orphaned_at = [
-                    f"node {f.node} at {f.time:.3f} for head seq {f.head[0]}"
-                    for f in history.forks
-                    if f.criterion == done.criterion and any(h == done.event
-                                                             for _, h in f.orphaned)]
-                problems.append(
-                    f"acknowledged event seq {done.seq} of {done.criterion.hex()[:12]} "
-                    f"(process {done.process}, command {done.command}, acked at "
-                    f"{done.time:.3f}) is missing on broker {node} (orphaned by "
-                    f"{', '.join(orphaned_at) or 'no fork resolution'})")
-        src = publisher_nodes[done.process]
-        reachable = [b for b in brokers.get(done.criterion, ())
-                     if _reachable_during(history.faults, src, b, start.time, done.time)]
-        if len(reachable) < need:
+        other = by_position.setdefault((done.criterion, done.seq), done.event)
+        if other != done.event:
+            problems.append(f"two different events were acknowledged at seq {done.seq} of "
+                            f"{done.criterion.hex()[:12]}: diverging histories")
+        voters = voters_of.get(done.criterion, [])
+        holders = [v for v in voters
+                   if len(decoded.get(v, {}).get(done.criterion, [])) > done.seq
+                   and decoded[v][done.criterion][done.seq].hash == done.event]
+        if len(holders) < majority(len(voters)) if voters else True:
+            where = [f"node {f.node} at {f.time:.3f}" for f in history.forks
+                     if f.criterion == done.criterion and any(h == done.event
+                                                              for _, h in f.orphaned)]
             problems.append(
-                f"process {done.process} got command {done.command} acknowledged between "
-                f"{start.time:.3f} and {done.time:.3f} while only brokers {reachable} were "
-                "reachable")
-    stored = sum(len(decoded.get(members[0], {}).get(criterion, []))
-                 for criterion, members in brokers.items())
+                f"acknowledged event seq {done.seq} of {done.criterion.hex()[:12]} (process "
+                f"{done.process}, command {done.command}, acked at {done.time:.3f}) is held by "
+                f"only {holders} of the final voters {voters} (orphaned by "
+                f"{', '.join(where) or 'no cut'})")
+
+    # Reads: every event acknowledged before a read began is in it.
+    acked_at.sort(key=lambda item: item[0])
+    for read in history.reads:
+        for when, criterion, seq, event in acked_at:
+            if when >= read.start:
+                break
+            if criterion != read.criterion:
+                continue
+            if len(read.hashes) <= seq or read.hashes[seq] != event:
+                problems.append(
+                    f"a read of {criterion.hex()[:12]} by process {read.process} at "
+                    f"{read.start:.3f} misses seq {seq}, acknowledged at {when:.3f}")
+                break
+
+    stored = sum(len(chain) for chain in reference.values())
     return CheckResult(
         problems=tuple(problems),
         invoked=counts["invoke"],
         acknowledged=counts["ok"],
         failed=counts["fail"],
         indeterminate=counts["info"],
+        reads=len(history.reads),
         events=stored,
     )

@@ -1,30 +1,44 @@
-"""A deterministic fault simulation of publishing, checked by :mod:`._jepsen`.
+"""A deterministic fault simulation of replicated chains, checked by :mod:`._jepsen`.
 
-``N`` nodes on one seeded :class:`~ketten.adapters.memory.MemoryNetwork`
-(loss, duplication, reordering throughout) in virtual time, the ``static``
-overlay, memory stores whose data survives restarts. Some nodes run a
-publisher each (an :class:`ketten.Agent` that retries a command it could not
-get acknowledged, as an application with an outbox would). Every few
-virtual seconds one node crashes and restarts, or a group is cut off and
-healed. When the workload is done everything heals and the simulation waits
-for the replica sets to agree. The history and the final chains go to
+Nodes run on one seeded :class:`~ketten.adapters.memory.MemoryNetwork` in
+virtual time, on the ``static`` or the ``kademlia`` overlay, with memory
+stores whose data survives restarts. Publishers (an :class:`ketten.Agent`
+each, retrying a command until it is settled, as an application with an
+outbox would) and readers run on several nodes throughout, while a *family*
+of faults plays out:
+
+``joins``
+    nodes join closer to a criterion's key than its brokers: one, several,
+    the whole replica set at once, or one after another (rolling).
+``crashes``
+    one, two or all brokers of a criterion crash, for less or for more than
+    the eviction and hysteresis periods (the chain moves), and come back.
+``partitions``
+    the network splits for longer than every eviction and hysteresis
+    timer, with publishers and readers on both sides, then heals.
+``churn``
+    random crashes, returns, joins and short partitions, with 10 % loss.
+``loss``
+    10 % message loss (with duplication and reordering) alone, for at least
+    ten virtual minutes.
+
+When the faults are over, everything heals, every node runs, and the
+simulation waits until each chain's configuration has settled and its
+voters agree. The history and the final stores go to
 :func:`~ketten.testing._jepsen.check`.
 
-A fault lasts a few seconds, less than the overlay's ``evict_after``, so the
-replica sets never move: the simulation tests majority replication, sync and
-fork resolution under loss, crashes and partitions; brokers joining and
-leaving are covered by the scenario tests.
-
-Everything follows the seed: network, identities, workload, faults and
-trio's scheduler (made deterministic, as under Hypothesis), so a failing seed
-replays exactly, in any process.
+Everything follows the seed: network, identities, workload and faults; run
+through :func:`ketten.testing.deterministic` (as :func:`run_simulation`
+does), trio's scheduling does too, so a failing seed replays exactly, in any
+process.
 """
 
 from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Mapping
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import pluggy
@@ -34,12 +48,15 @@ import trio.testing
 from .. import Agent, Node, NodeConfig, open_node, plugin_manager
 from .._core.event import Event
 from .._core.identity import Identity
-from ..errors import KettenError
+from .._core.membership import ChainState
+from ..errors import KettenError, PublishOutcomeUnknown, QuorumUnavailable
 from ..hookspecs import hookimpl
-from ._cluster import deterministic_identity, seed_scheduler
-from ._jepsen import CheckResult, FaultRecord, ForkRecord, History, Op, Snapshot, check
+from ._cluster import deterministic, deterministic_identity
+from ._jepsen import CheckResult, FaultRecord, ForkRecord, History, Op, Read, Snapshot, check
 
-__all__ = ["SimConfig", "SimResult", "run_simulation"]
+__all__ = ["FAMILIES", "SimConfig", "SimResult", "run_simulation"]
+
+FAMILIES = ("joins", "crashes", "partitions", "churn", "loss")
 
 
 @attrs.frozen
@@ -47,25 +64,31 @@ class SimConfig:
     """Parameters of one simulation run (times are virtual seconds)."""
 
     seed: int = 0
+    family: str = "partitions"
+    overlay: str = "static"
     nodes: int = 7
     replication: int = 3
-    publishers: int = 5
-    criteria: int = 4
-    publishes: int = 2000
+    publishers: int = 4
+    readers: int = 2
+    criteria: int = 3
+    publishes: int = 240
     loss: float = 0.10
     duplicate: float = 0.05
     reorder: float = 0.10
     latency: float = 0.005
     jitter: float = 0.005
-    fault_gap: tuple[float, float] = (1.0, 3.0)
-    fault_length: tuple[float, float] = (0.5, 3.0)
-    settle: float = 60.0
     request_timeout: float = 0.5
     anti_entropy: float = 2.0
-    overlay_interval: float = 5.0
-    evict_after: float = 60.0
-    attempts: int = 3
-    deadline: float = 5.0
+    hysteresis: float = 15.0
+    evict_after: float = 20.0
+    overlay_interval: float = 2.0
+    settle: float = 240.0
+    attempts: int = 4
+    deadline: float = 4.0
+    min_duration: float = 0.0
+    """Keep the faults going at least this long, whatever the workload."""
+    pace: float = 0.0
+    """Mean seconds a publisher waits between publishes (0: by family)."""
 
 
 @attrs.frozen
@@ -75,7 +98,6 @@ class SimResult:
     config: SimConfig
     history: History
     snapshot: Snapshot
-    brokers: Mapping[bytes, tuple[int, ...]]
     check: CheckResult
     duration: float
     network: object
@@ -89,10 +111,16 @@ def _criterion(seed: int, index: int) -> bytes:
     return hashlib.sha256(b"ketten-sim-criterion:%d:%d" % (seed, index)).digest()
 
 
-def _replica_set(key: bytes, ids: list[bytes], r: int) -> tuple[int, ...]:
-    target = int.from_bytes(key, "big")
-    ranked = sorted(range(len(ids)), key=lambda i: int.from_bytes(ids[i], "big") ^ target)
-    return tuple(sorted(ranked[:r]))
+def _distance(a: bytes, b: bytes) -> int:
+    return int.from_bytes(a, "big") ^ int.from_bytes(b, "big")
+
+
+def _identity_near(key: bytes, closer_than: int, rng: random.Random) -> Identity:
+    """An identity whose node id is closer to ``key`` than ``closer_than`` (XOR)."""
+    while True:
+        identity = Identity.from_seed(rng.randbytes(32))
+        if _distance(identity.node_id, key) < closer_than:
+            return identity
 
 
 @attrs.define(eq=False)
@@ -108,40 +136,52 @@ class _Simulation:
     config: SimConfig
     plugins: pluggy.PluginManager
     history: History = attrs.field(factory=History)
-    _identities: list[Identity] = attrs.field(factory=list)
-    _backings: list[object] = attrs.field(factory=list)
+    identities: dict[int, Identity] = attrs.field(factory=dict)
+    backings: dict[int, Any] = attrs.field(factory=dict)
     _scopes: dict[int, trio.CancelScope] = attrs.field(factory=dict)
     _live: dict[int, Node] = attrs.field(factory=dict)
     _outbox: dict[int, _Outbox | None] = attrs.field(factory=dict)
-    _rngs: dict[int, random.Random] = attrs.field(factory=dict)
     _invoked: int = 0
     _inflight: int = 0
-    _network: object = None
+    network: Any = None
     _nursery: trio.Nursery | None = None
-    _go: trio.Event = attrs.field(factory=trio.Event)
+    keys: list[bytes] = attrs.field(factory=list)
+    _done: trio.Event = attrs.field(factory=trio.Event)
+    rng: random.Random = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.rng = random.Random(self.config.seed * 1_000_003 + FAMILIES.index(
+            self.config.family) * 7919 + (self.config.overlay == "kademlia"))
+
+    # -- nodes -------------------------------------------------------------------
 
     def address(self, index: int) -> str:
         return f"sim:{index}"
 
     def node_config(self, index: int) -> NodeConfig:
         cfg = self.config
+        seeds = [self.address(i) for i in (0, 1) if i != index] or [self.address(0)]
+        if cfg.overlay == "kademlia":
+            overlay: dict[str, Any] = {"bootstrap": seeds, "rpc_timeout": cfg.request_timeout,
+                                       "refresh_interval": 10.0}
+        else:
+            overlay = {"seeds": seeds, "interval": cfg.overlay_interval,
+                       "evict_after": cfg.evict_after}
         return NodeConfig(
-            identity=self._identities[index],
-            overlay="static",
+            identity=self.identities[index],
+            overlay=cfg.overlay,
             replication=cfg.replication,
             request_timeout=cfg.request_timeout,
             options={
-                "transport": {"network": self._network, "address": self.address(index)},
-                "store": {"backing": self._backings[index]},
-                "overlay": {
-                    "seeds": [self.address(0), self.address(1)],
-                    "interval": self.config.overlay_interval,
-                    "evict_after": cfg.evict_after,
-                },
+                "transport": {"network": self.network, "address": self.address(index)},
+                "store": {"backing": self.backings[index]},
+                "overlay": overlay,
                 "replication": {
                     "anti_entropy": cfg.anti_entropy,
+                    "hysteresis": cfg.hysteresis,
                     "time": lambda: int(trio.current_time() * 1000),
                 },
+                "subscriptions": {"ttl": 60.0},
             },
         )
 
@@ -152,33 +192,57 @@ class _Simulation:
                 async with open_node(self.node_config(index), plugins=self.plugins) as node:
                     self._live[index] = node
                     task_status.started()
-                    if index < self.config.publishers:
-                        await self._go.wait()
-                        await self._publisher(index, node)
                     await trio.sleep_forever()
             finally:
                 self._live.pop(index, None)
-                self._scopes.pop(index, None)
+                if self._scopes.get(index) is scope:
+                    del self._scopes[index]
 
     async def start(self, index: int) -> None:
+        from ketten.plugins.memory_store import MemoryBacking
+
+        if index in self._scopes:
+            return
+        self.backings.setdefault(index, MemoryBacking())
         assert self._nursery is not None
         await self._nursery.start(self._node, index)
 
     def crash(self, index: int) -> None:
-        scope = self._scopes.get(index)
+        scope = self._scopes.pop(index, None)
         if scope is not None:
             scope.cancel()
+        self._live.pop(index, None)
 
-    async def _publisher(self, process: int, node: Node) -> None:
+    def brokers(self, key: bytes) -> list[int]:
+        """The running nodes closest to ``key`` (what the overlays converge to)."""
+        ranked = sorted(self._live, key=lambda i: _distance(self.identities[i].node_id, key))
+        return ranked[: self.config.replication]
+
+    # -- workload ----------------------------------------------------------------
+
+    def _worker_nodes(self) -> list[int]:
+        return sorted(self._live)
+
+    async def _publisher(self, process: int) -> None:
         cfg = self.config
-        rng = self._rngs.setdefault(process, random.Random(cfg.seed * 7919 + process))
-        agent = await Agent.open(node)
-        key_count = cfg.criteria
-        while self._invoked < cfg.publishes:
+        rng = random.Random(cfg.seed * 7919 + process)
+        identity = Identity.from_seed(hashlib.sha256(b"sim-author:%d:%d" % (
+            cfg.seed, process)).digest())
+        self.identities.setdefault(-1 - process, identity)
+        home = process % cfg.nodes
+        command = 0
+        while self._invoked < cfg.publishes or not self._done.is_set():
+            if self._done.is_set() and self._invoked >= cfg.publishes:
+                return
+            node = self._live.get(home)
+            if node is None:
+                # The publisher's node is down: it waits for it (its outbox is kept).
+                await trio.sleep(1.0)
+                continue
             pending = self._outbox.get(process)
             if pending is None or pending.tries >= cfg.attempts:
-                command = await agent.next_command()
-                criterion = _criterion(cfg.seed, rng.randrange(key_count))
+                command += 1
+                criterion = self.keys[rng.randrange(len(self.keys))]
                 pending = _Outbox(criterion, command, b"p%d:c%d" % (process, command))
                 self._outbox[process] = pending
             pending.tries += 1
@@ -188,13 +252,20 @@ class _Simulation:
             self.history.add(invoke)
             self._inflight += 1
             try:
+                agent = await Agent.open(node, identity=identity)
                 event = await agent.publish(pending.criterion, pending.payload,
                                             command=pending.command, deadline=cfg.deadline)
-            except KettenError as exc:
+            except QuorumUnavailable as exc:
                 self._inflight -= 1
                 self.history.add(attrs.evolve(invoke, kind="fail", time=trio.current_time(),
                                               error=type(exc).__name__))
-                await trio.sleep(rng.random() * 0.05)
+                await trio.sleep(rng.random() * 0.5)
+                continue
+            except (PublishOutcomeUnknown, KettenError) as exc:
+                self._inflight -= 1
+                self.history.add(attrs.evolve(invoke, kind="info", time=trio.current_time(),
+                                              error=type(exc).__name__))
+                await trio.sleep(rng.random() * 0.5)
                 continue
             except BaseException:
                 self._inflight -= 1
@@ -204,112 +275,285 @@ class _Simulation:
             self.history.add(attrs.evolve(invoke, kind="ok", time=trio.current_time(),
                                           event=event.hash, seq=event.seq))
             self._outbox[process] = None
+            await trio.sleep(rng.random() * 2 * self.pace())
 
-    async def _chaos(self, done: trio.Event, stopped: trio.Event) -> None:
-        try:
-            await self._faults(done)
-        finally:
-            stopped.set()
-
-    async def _faults(self, done: trio.Event) -> None:
+    async def _reader(self, process: int) -> None:
         cfg = self.config
-        rng = random.Random(cfg.seed * 104729 + 1)
-        net = self._network
-        while True:
-            await trio.sleep(rng.uniform(*cfg.fault_gap))
-            if done.is_set():
-                return
-            length = rng.uniform(*cfg.fault_length)
-            if rng.random() < 0.5:
-                index = rng.randrange(cfg.nodes)
-                self.history.fault(FaultRecord(trio.current_time(), "crash", (index,)))
-                self.crash(index)
-                await trio.sleep(length)
-                # It serves requests from the moment it starts, before it is ready.
-                self.history.fault(FaultRecord(trio.current_time(), "restart", (index,)))
+        rng = random.Random(cfg.seed * 104729 + process)
+        while not self._done.is_set():
+            await trio.sleep(1.0 + rng.random() * 2.0)
+            live = self._worker_nodes()
+            if not live:
+                continue
+            node = self._live.get(live[rng.randrange(len(live))])
+            if node is None:
+                continue
+            criterion = self.keys[rng.randrange(len(self.keys))]
+            start = trio.current_time()
+            try:
+                events = await node.read(criterion)
+            except KettenError:
+                continue
+            self.history.read(Read(1000 + process, start, trio.current_time(), criterion,
+                                   tuple(e.hash for e in events)))
+
+    # -- faults ------------------------------------------------------------------
+
+    def fault(self, kind: str, nodes: tuple[int, ...]) -> None:
+        self.history.fault(FaultRecord(trio.current_time(), kind, nodes))
+
+    def set_loss(self, on: bool) -> None:
+        from ketten.adapters.memory import Faults
+
+        cfg = self.config
+        if on:
+            faults = Faults(latency=cfg.latency, jitter=cfg.jitter, loss=cfg.loss,
+                            duplicate=cfg.duplicate, reorder=cfg.reorder)
+        else:
+            faults = Faults(latency=cfg.latency, jitter=cfg.jitter)
+        self.network.set_faults(faults)
+        self.fault("loss" if on else "lossless", ())
+
+    async def _outage(self, nodes: list[int], length: float) -> None:
+        for index in nodes:
+            self.crash(index)
+        self.fault("crash", tuple(nodes))
+        await trio.sleep(length)
+        for index in nodes:
+            await self.start(index)
+        self.fault("restart", tuple(nodes))
+
+    async def _partition(self, group: list[int], length: float) -> None:
+        addresses = [self.address(i) for i in group]
+        self.network.cut(addresses)
+        self.fault("cut", tuple(group))
+        await trio.sleep(length)
+        self.network.heal(addresses)
+        self.fault("heal", tuple(group))
+
+    def pace(self) -> float:
+        if self.config.pace > 0:
+            return self.config.pace
+        return {"loss": 3.0, "churn": 1.5}.get(self.config.family, 1.0)
+
+    def long(self) -> float:
+        """Longer than every eviction and hysteresis timer."""
+        cfg = self.config
+        return cfg.evict_after + cfg.hysteresis + 20.0 + self.rng.uniform(0, 40)
+
+    def short(self) -> float:
+        return self.rng.uniform(1.0, min(self.config.hysteresis, self.config.evict_after) / 2)
+
+    async def _joins(self) -> None:
+        cfg = self.config
+        rng = self.rng
+        variant = rng.choice(["one", "several", "whole", "rolling"])
+        self.fault(f"joins:{variant}", ())
+        next_index = max(self.identities) + 1
+        if variant == "one":
+            targets = [(self.keys[0], 1)]
+        elif variant == "several":
+            targets = [(key, 1) for key in self.keys]
+        elif variant == "whole":
+            targets = [(self.keys[0], cfg.replication)]
+        else:
+            targets = [(self.keys[0], 1)] * cfg.replication
+        for key, count in targets:
+            current = min(_distance(self.identities[i].node_id, key) for i in self._live)
+            joiners = []
+            for _ in range(count):
+                identity = _identity_near(key, current, rng)
+                self.identities[next_index] = identity
+                joiners.append(next_index)
+                next_index += 1
+            if variant == "rolling":
+                await trio.sleep(cfg.hysteresis * rng.uniform(0.5, 2.0))
+            for index in joiners:
                 await self.start(index)
+            self.fault("join", tuple(joiners))
+            await trio.sleep(rng.uniform(1.0, 10.0))
+
+    async def _crashes(self) -> None:
+        cfg = self.config
+        rng = self.rng
+        key = self.keys[rng.randrange(len(self.keys))]
+        how_many = rng.choice([1, 1, 2, cfg.replication])
+        length = self.long() if rng.random() < 0.6 else self.short()
+        victims = self.brokers(key)[:how_many]
+        self.fault(f"crashes:{how_many}:{'long' if length > cfg.hysteresis else 'short'}", ())
+        await self._outage(victims, length)
+        await trio.sleep(rng.uniform(5.0, 15.0))
+        # A second round on another chain's brokers.
+        key = self.keys[rng.randrange(len(self.keys))]
+        await self._outage(self.brokers(key)[:1], self.short())
+
+    async def _partitions(self) -> None:
+        rng = self.rng
+        for _ in range(2):
+            key = self.keys[rng.randrange(len(self.keys))]
+            brokers = self.brokers(key)
+            # One broker and some others on the small side: publishers on both sides.
+            small = [brokers[rng.randrange(len(brokers))]]
+            others = [i for i in sorted(self._live) if i not in brokers]
+            rng.shuffle(others)
+            small += others[: max(1, (len(self._live) - 1) // 2 - 1)]
+            await self._partition(sorted(small), self.long())
+            await trio.sleep(rng.uniform(5.0, 15.0))
+
+    async def _churn(self) -> None:
+        rng = self.rng
+        self.set_loss(True)
+        next_index = max(self.identities) + 1
+        until = trio.current_time() + 240.0
+        while trio.current_time() < until:
+            await trio.sleep(rng.uniform(3.0, 12.0))
+            roll = rng.random()
+            live = sorted(self._live)
+            if roll < 0.4 and len(live) > self.config.replication + 1:
+                await self._outage([live[rng.randrange(len(live))]],
+                                   self.short() if rng.random() < 0.5 else self.long() / 2)
+            elif roll < 0.6:
+                key = self.keys[rng.randrange(len(self.keys))]
+                current = min(_distance(self.identities[i].node_id, key) for i in live)
+                self.identities[next_index] = _identity_near(key, current, rng)
+                await self.start(next_index)
+                self.fault("join", (next_index,))
+                next_index += 1
             else:
-                size = rng.randint(1, cfg.nodes // 2)
-                group = tuple(sorted(rng.sample(range(cfg.nodes), size)))
-                addresses = [self.address(i) for i in group]
-                net.cut(addresses)  # type: ignore[attr-defined]
-                self.history.fault(FaultRecord(trio.current_time(), "cut", group))
-                await trio.sleep(length)
-                net.heal(addresses)  # type: ignore[attr-defined]
-                self.history.fault(FaultRecord(trio.current_time(), "heal", group))
+                group = [i for i in live if rng.random() < 0.3] or live[:1]
+                await self._partition(group, self.short())
 
-    async def _chains(self, index: int, keys: list[bytes]
-                      ) -> tuple[dict[bytes, list[bytes]], dict[bytes, list[bytes]]]:
-        from ketten.plugins.memory_store import MemoryBacking, MemoryStore
+    async def _loss(self) -> None:
+        self.set_loss(True)
+        await trio.sleep(max(600.0, self.config.min_duration))
 
-        backing = self._backings[index]
-        assert isinstance(backing, MemoryBacking)
-        store = MemoryStore(backing=backing)
-        await store.open()
-        try:
-            return (
-                {k: [e.to_bytes() for e in await store.range(k)] for k in keys},
-                {k: [e.to_bytes() for e in await store.orphans(k)] for k in keys},
-            )
-        finally:
-            await store.aclose()
+    async def _faults(self) -> None:
+        family = self.config.family
+        script: Callable[[], Any] = {
+            "joins": self._joins, "crashes": self._crashes, "partitions": self._partitions,
+            "churn": self._churn, "loss": self._loss,
+        }[family]
+        await script()
 
-    async def main(self) -> tuple[Snapshot, dict[bytes, tuple[int, ...]], float]:
+    # -- the run -------------------------------------------------------------------
+
+    async def main(self) -> tuple[Snapshot, float]:
         from ketten.adapters.memory import Faults, MemoryNetwork
-        from ketten.plugins.memory_store import MemoryBacking
 
         cfg = self.config
-        self._identities = [deterministic_identity(cfg.seed, i) for i in range(cfg.nodes)]
-        self._backings = [MemoryBacking() for _ in range(cfg.nodes)]
-        self._network = net = MemoryNetwork(seed=cfg.seed, faults=Faults(latency=cfg.latency))
-        keys = [_criterion(cfg.seed, i) for i in range(cfg.criteria)]
-        ids = [identity.node_id for identity in self._identities]
-        brokers = {k: _replica_set(k, ids, cfg.replication) for k in keys}
+        for index in range(cfg.nodes):
+            self.identities[index] = deterministic_identity(cfg.seed, index)
+        self.network = MemoryNetwork(seed=cfg.seed,
+                                     faults=Faults(latency=cfg.latency, jitter=cfg.jitter))
+        self.keys = [_criterion(cfg.seed, i) for i in range(cfg.criteria)]
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             for index in range(cfg.nodes):
                 await self.start(index)
-            await trio.sleep(3.0)  # membership spreads before anyone publishes
-            net.set_faults(Faults(latency=cfg.latency, jitter=cfg.jitter, loss=cfg.loss,
-                                  duplicate=cfg.duplicate, reorder=cfg.reorder))
-            done = trio.Event()
-            self._go.set()
-            stopped = trio.Event()
-            nursery.start_soon(self._chaos, done, stopped)
-            while self._invoked < cfg.publishes or self._inflight:
-                await trio.sleep(0.5)
-            done.set()
-            await stopped.wait()  # the last fault is undone
-            net.heal()
-            for index in range(cfg.nodes):
-                if index not in self._scopes:
-                    await self.start(index)
-            healed = trio.current_time()
-            self.history.fault(FaultRecord(healed, "heal", ()))
-            converged: float | None = None
-            while trio.current_time() - healed <= cfg.settle:
-                if await self._converged(brokers):
-                    converged = trio.current_time() - healed
-                    break
-                await trio.sleep(0.5)
+            await trio.sleep(5.0)  # membership spreads before anyone publishes
+            await self._create_chains()
+            started = trio.current_time()
+            async with trio.open_nursery() as load:
+                for process in range(cfg.publishers):
+                    load.start_soon(self._publisher, process)
+                for process in range(cfg.readers):
+                    load.start_soon(self._reader, process)
+                await self._faults()
+                while trio.current_time() - started < cfg.min_duration:
+                    await trio.sleep(1.0)
+                self._done.set()
+                while self._invoked < cfg.publishes:
+                    await trio.sleep(1.0)
+            healed = await self._heal()
+            converged = await self._settle(healed)
             nursery.cancel_scope.cancel()
-        stored = {i: await self._chains(i, keys) for i in range(cfg.nodes)}
-        snapshot = Snapshot(chains={i: s[0] for i, s in stored.items()}, converged_after=converged,
-                            orphans={i: s[1] for i, s in stored.items()})
-        return snapshot, brokers, trio.current_time()
+        return await self._snapshot(converged), trio.current_time()
 
-    async def _converged(self, brokers: Mapping[bytes, tuple[int, ...]]) -> bool:
-        for key, members in brokers.items():
+    async def _create_chains(self) -> None:
+        """Every criterion gets its genesis while all nodes run (no race to create)."""
+        node = self._live[0]
+        for key in self.keys:
+            for _ in range(20):
+                try:
+                    await node.publish(key, b"genesis", deadline=10.0)
+                    break
+                except KettenError:
+                    await trio.sleep(1.0)
+
+    async def _heal(self) -> float:
+        self.network.heal()
+        self.set_loss(False)
+        for index in sorted(self.identities):
+            if index >= 0 and index not in self._scopes:
+                await self.start(index)
+        healed = trio.current_time()
+        self.fault("heal", ())
+        return healed
+
+    async def _settle(self, healed: float) -> float | None:
+        cfg = self.config
+        while trio.current_time() - healed <= cfg.settle:
+            await trio.sleep(2.0)
+            if await self._converged():
+                return trio.current_time() - healed
+        return None
+
+    async def _converged(self) -> bool:
+        for key in self.keys:
+            configs = {}
+            for index in sorted(self._live):
+                config = await self._live[index].configuration(key)
+                if config is not None:
+                    configs[index] = config
+            if not configs:
+                return False
+            config = max(configs.values(), key=lambda c: c.epoch)
+            if config.joint:
+                return False
+            index_of = {self.identities[i].public_key: i for i in self._live}
+            voters = [index_of.get(m.key) for m in config.voters]
             heads = []
-            for index in members:
-                node = self._live.get(index)
-                if node is None:
+            for v in voters:
+                if v is None or v not in configs or configs[v].epoch != config.epoch:
                     return False
-                head = await node.store.head(key)
+                head = await self._live[v].head(key)
                 heads.append(None if head is None else head.hash)
             if len(set(heads)) != 1:
                 return False
+            # Settled when a read through another node returns the voters' head.
+            node = self._live[min(self._live)]
+            try:
+                with trio.move_on_after(10.0):
+                    events = await node.read(key)
+                    if not events or events[-1].hash != heads[0]:
+                        return False
+            except KettenError:
+                return False
         return True
+
+    async def _snapshot(self, converged: float | None) -> Snapshot:
+        from ketten.plugins.memory_store import MemoryStore
+
+        chains: dict[int, dict[bytes, list[bytes]]] = {}
+        states: dict[int, dict[bytes, ChainState]] = {}
+        orphans: dict[int, dict[bytes, list[bytes]]] = {}
+        for index in sorted(self.backings):
+            store = MemoryStore(backing=self.backings[index])
+            await store.open()
+            try:
+                chains[index] = {k: [e.to_bytes() for e in await store.range(k)]
+                                 for k in self.keys}
+                orphans[index] = {k: [e.to_bytes() for e in await store.orphans(k)]
+                                  for k in self.keys}
+                states[index] = {}
+                for key in self.keys:
+                    raw = await store.get_cursor("ketten/chain/" + key.hex())
+                    if raw is not None:
+                        states[index][key] = ChainState.decode(raw)
+            finally:
+                await store.aclose()
+        return Snapshot(chains=chains, states=states, converged_after=converged,
+                        orphans=orphans)
 
 
 @attrs.define(eq=False)
@@ -317,35 +561,32 @@ class _ForkObserver:
     history: History
 
     @hookimpl
-    def ketten_fork_resolved(self, node: Node, criterion: bytes, orphaned: list[Event],
-                             head: Event) -> None:
+    def ketten_fork_resolved(self, node: Any, criterion: bytes, orphaned: list[Event],
+                             head: Event | None) -> None:
         index = int(node.address.rsplit(":", 1)[1])
         self.history.forks.append(ForkRecord(
             trio.current_time(), index, criterion,
-            tuple((e.seq, e.hash) for e in orphaned), (head.seq, head.hash)))
+            tuple((e.seq, e.hash) for e in orphaned),
+            None if head is None else (head.seq, head.hash)))
 
 
 def run_simulation(config: SimConfig, *, plugins: pluggy.PluginManager | None = None) -> SimResult:
-    """Run one simulation (blocking, in virtual time) and check it."""
+    """Run one simulation (blocking, in virtual time, deterministic) and check it."""
+    if config.family not in FAMILIES:
+        raise ValueError(f"unknown family {config.family!r}; one of {', '.join(FAMILIES)}")
     pm = plugins if plugins is not None else plugin_manager()
     sim = _Simulation(config, pm)
     observer = _ForkObserver(sim.history)
     pm.register(observer)
     try:
-        with seed_scheduler(config.seed):
-            clock = trio.testing.MockClock(autojump_threshold=0)
-            snapshot, brokers, duration = trio.run(sim.main, clock=clock)
+        snapshot, duration = deterministic(
+            lambda: trio.run(sim.main, clock=trio.testing.MockClock(autojump_threshold=0)))
     finally:
         pm.unregister(observer)
-    authors = {p: sim._identities[p].public_key for p in range(config.publishers)}
-    result = check(
-        sim.history,
-        snapshot,
-        brokers=brokers,
-        replication=config.replication,
-        authors=authors,
-        publisher_nodes={p: p for p in range(config.publishers)},
-        settle=config.settle,
-    )
-    return SimResult(config, sim.history, snapshot, brokers, result, duration,
-                     sim._network.statistics())  # type: ignore[attr-defined]
+    keys = {identity.public_key: index for index, identity in sim.identities.items()
+            if index >= 0}
+    authors = {-1 - index: identity.public_key for index, identity in sim.identities.items()
+               if index < 0}
+    result = check(sim.history, snapshot, keys=keys, authors=authors, settle=config.settle)
+    return SimResult(config, sim.history, snapshot, result, duration,
+                     sim.network.statistics())

@@ -1,21 +1,25 @@
 """Run the fault simulation for many seeds and report the failing ones.
 
-    python -m ketten.testing.jepsen --seeds 0-99 [--publishes 2000] [--verbose]
+    python -m ketten.testing.jepsen --seeds 0-99 [--family all] [--overlay both]
+                                    [--jobs 2] [--verbose]
 
 Every run is deterministic: a failing seed replays exactly with
-``--seeds N``. The exit status is 1 if any seed failed.
+``--seeds N --family F --overlay O``. The exit status is 1 if any run failed.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 
-from .. import plugin_manager
+import attrs
+
 from ._jepsen import CheckResult, FaultRecord, History, Op, Snapshot, check
-from ._sim import SimConfig, SimResult, run_simulation
+from ._sim import FAMILIES, SimConfig, SimResult, run_simulation
 
 __all__ = [
     "CheckResult",
@@ -30,6 +34,8 @@ __all__ = [
     "parse_seeds",
     "run_simulation",
 ]
+
+OVERLAYS = ("static", "kademlia")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -47,47 +53,94 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
+@attrs.frozen
+class Outcome:
+    """One run, as reported by a worker process."""
+
+    config: SimConfig
+    ok: bool
+    line: str
+    problems: tuple[str, ...]
+    cpu: float
+
+
+def run_one(config: SimConfig) -> Outcome:
+    """Run one simulation and summarise it (in a worker process with ``--jobs``)."""
+    started = time.process_time()
+    result = run_simulation(config)
+    spent = time.process_time() - started
+    c = result.check
+    line = (f"{config.family:10} {config.overlay:8} seed {config.seed}: "
+            f"{'ok' if c.ok else 'FAILED'}  invoked {c.invoked}, acknowledged "
+            f"{c.acknowledged}, failed {c.failed}, unknown {c.indeterminate}, reads {c.reads}, "
+            f"events {c.events}, faults {len(result.history.faults)}, converged after "
+            f"{result.snapshot.converged_after} s, virtual {result.duration:.0f} s, "
+            f"cpu {spent:.1f} s")
+    return Outcome(config, c.ok, line, c.problems, spent)
+
+
+def _configs(seeds: Sequence[int], families: Sequence[str], overlays: Sequence[str],
+             **fields: object) -> Iterator[SimConfig]:
+    for seed in seeds:
+        for family in families:
+            for overlay in overlays:
+                yield SimConfig(seed=seed, family=family, overlay=overlay, **fields)  # type: ignore[arg-type]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     defaults = SimConfig()
     parser = argparse.ArgumentParser(prog="python -m ketten.testing.jepsen",
-                                     description=__doc__.split("\n\n")[0])
+                                     description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seeds", default="0-9", help="seeds, e.g. 0-99 or 3,7,12-15")
+    parser.add_argument("--family", default="all",
+                        help=f"fault family: {', '.join(FAMILIES)} or all")
+    parser.add_argument("--overlay", default="both", help="static, kademlia or both")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="worker processes (default 1; 0: one per core)")
     parser.add_argument("--publishes", type=int, default=defaults.publishes)
     parser.add_argument("--nodes", type=int, default=defaults.nodes)
-    parser.add_argument("--publishers", type=int, default=defaults.publishers)
-    parser.add_argument("--criteria", type=int, default=defaults.criteria)
-    parser.add_argument("--loss", type=float, default=defaults.loss)
     parser.add_argument("--verbose", "-v", action="store_true", help="print every problem")
     args = parser.parse_args(argv)
     try:
         seeds = parse_seeds(args.seeds)
     except ValueError:
         parser.error(f"cannot read seeds {args.seeds!r}")
-    plugins = plugin_manager()
-    failed: list[int] = []
-    for seed in seeds:
-        config = SimConfig(seed=seed, publishes=args.publishes, nodes=args.nodes,
-                           publishers=args.publishers, criteria=args.criteria, loss=args.loss)
-        started = time.process_time()
-        result = run_simulation(config, plugins=plugins)
-        spent = time.process_time() - started
-        c = result.check
-        status = "ok" if c.ok else "FAILED"
-        print(f"seed {seed}: {status}  invoked {c.invoked}, acknowledged {c.acknowledged}, "
-              f"failed {c.failed}, indeterminate {c.indeterminate}, events {c.events}, "
-              f"faults {len(result.history.faults)}, converged after "
-              f"{result.snapshot.converged_after} s, virtual {result.duration:.0f} s, "
-              f"cpu {spent:.1f} s", flush=True)
-        if not c.ok:
-            failed.append(seed)
-            for problem in c.problems if args.verbose else c.problems[:5]:
-                print(f"    {problem}")
+    families = FAMILIES if args.family == "all" else tuple(args.family.split(","))
+    overlays = OVERLAYS if args.overlay == "both" else tuple(args.overlay.split(","))
+    for family in families:
+        if family not in FAMILIES:
+            parser.error(f"unknown family {family!r}; one of {', '.join(FAMILIES)}")
+    for overlay in overlays:
+        if overlay not in OVERLAYS:
+            parser.error(f"unknown overlay {overlay!r}; static or kademlia")
+    configs = list(_configs(seeds, families, overlays, publishes=args.publishes,
+                            nodes=args.nodes))
+    jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
+    failed: list[SimConfig] = []
+    started = time.monotonic()
+
+    def report(outcome: Outcome) -> None:
+        print(outcome.line, flush=True)
+        if not outcome.ok:
+            failed.append(outcome.config)
+            for problem in outcome.problems if args.verbose else outcome.problems[:5]:
+                print(f"    {problem}", flush=True)
+
+    if jobs == 1 or len(configs) == 1:
+        for config in configs:
+            report(run_one(config))
+    else:
+        with ProcessPoolExecutor(max_workers=jobs) as pool:
+            for outcome in pool.map(run_one, configs):
+                report(outcome)
+    elapsed = time.monotonic() - started
     if failed:
-        listed = ",".join(str(s) for s in failed)
-        print(f"FAILED seeds: {listed}  (replay one: python -m ketten.testing.jepsen "
-              f"--seeds {failed[0]} --verbose)")
+        first = failed[0]
+        print(f"FAILED {len(failed)} of {len(configs)} runs; replay one: python -m "
+              f"ketten.testing.jepsen --seeds {first.seed} --family {first.family} "
+              f"--overlay {first.overlay} --verbose")
         return 1
-    print(f"all {len(seeds)} seeds passed")
+    print(f"all {len(configs)} runs passed in {elapsed:.0f} s")
     return 0
 
 

@@ -1,0 +1,400 @@
+"""The replica state machine, checked without trio, a network or a store.
+
+A tiny harness plays the driver: five replicas of one chain, each with a
+list of events as its store and a "disk" for its durable state, and a pool
+of messages in flight that are delivered in any order, dropped or
+duplicated. Random steps elect, propose, change configurations, restart
+replicas and deliver messages; after every step the harness checks Raft's
+safety properties:
+
+* at most one leader per term;
+* a position once committed is committed with one event only;
+* every new leader holds every committed event (leader completeness);
+* no replica ever cuts a committed event it holds.
+
+At the end the network heals and every replica must agree with the leader
+up to the commit.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ketten import Event, Identity, criterion_key
+from ketten._core.membership import ChainConfig, ChainState, Member
+from ketten._core.replica import AckStatus, AppendPlan, Replica, Role
+
+KEY = criterion_key("model")
+AUTHOR = Identity.from_seed(b"\7" * 32)
+KEYS = [bytes([i + 1]) * 32 for i in range(5)]
+MEMBERS = [Member(k, f"m:{i}") for i, k in enumerate(KEYS)]
+
+
+@attrs.define(eq=False, slots=False)
+class Harness:
+    rng: random.Random
+    replicas: list[Replica] = attrs.field(factory=list)
+    stores: list[list[Event]] = attrs.field(factory=list)
+    disks: list[ChainState] = attrs.field(factory=list)
+    pool: list[tuple[Any, ...]] = attrs.field(factory=list)
+    now: float = 0.0
+    leaders: dict[int, int] = attrs.field(factory=dict)
+    committed: dict[int, bytes] = attrs.field(factory=dict)
+    payloads: int = 0
+    violations: list[str] = attrs.field(factory=list)
+
+    @classmethod
+    def build(cls, seed: int) -> Harness:
+        h = cls(random.Random(seed))
+        first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
+        for key in KEYS:
+            state = ChainState(configs=(first,)) if key in first.keys() else ChainState()
+            h.replicas.append(Replica(KEY, key, state, None, election_timeout=3.0))
+            h.stores.append([])
+            h.disks.append(state)
+        return h
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def index(self, key: bytes) -> int:
+        return KEYS.index(key)
+
+    def persist(self, i: int) -> None:
+        self.disks[i] = self.replicas[i].state
+        self.note_commit(self.replicas[i].state.commit)
+
+    def note_commit(self, pos: tuple[int, bytes] | None) -> None:
+        if pos is None:
+            return
+        known = self.committed.setdefault(pos[0], pos[1])
+        if known != pos[1]:
+            self.violations.append(f"seq {pos[0]} committed twice with different events")
+        # Everything below a committed event is committed too (hash links).
+        for store in self.stores:
+            if len(store) > pos[0] and store[pos[0]].hash == pos[1]:
+                for event in store[: pos[0]]:
+                    if self.committed.setdefault(event.seq, event.hash) != event.hash:
+                        self.violations.append(f"seq {event.seq} committed twice")
+                break
+
+    def hashes(self, i: int, seqs: list[int]) -> dict[int, bytes]:
+        store = self.stores[i]
+        return {s: store[s].hash for s in seqs if 0 <= s < len(store)}
+
+    def head(self, i: int) -> tuple[int, bytes] | None:
+        store = self.stores[i]
+        return None if not store else (store[-1].seq, store[-1].hash)
+
+    # -- steps -----------------------------------------------------------------------
+
+    def propose(self, i: int) -> None:
+        r = self.replicas[i]
+        if not r.is_leader:
+            return
+        store = self.stores[i]
+        self.payloads += 1
+        event = Event.create(AUTHOR, criterion=KEY, seq=len(store),
+                             prev=store[-1].hash if store else None,
+                             payload=b"%d" % self.payloads, time=0)
+        store.append(event)
+        r.local_appended((event.seq, event.hash))
+        self.advance(i)
+
+    def advance(self, i: int) -> None:
+        r = self.replicas[i]
+        seq = r._commit_candidate()
+        if seq is not None and seq < len(self.stores[i]):
+            if r.commit_to((seq, self.stores[i][seq].hash)) is not None:
+                self.persist(i)
+
+    def campaign(self, i: int, pre: bool) -> None:
+        r = self.replicas[i]
+        if r.is_leader:
+            return
+        begun = r.begin_election(pre=pre)
+        if begun is None:
+            return
+        term, members = begun
+        if not pre:
+            self.persist(i)
+        for member in members:
+            j = self.index(member.key)
+            self.pool.append(("vote", i, j, term, pre, r.rank(), r.config))
+        self.check_elected(i, term, pre)
+
+    def check_elected(self, i: int, term: int, pre: bool) -> None:
+        r = self.replicas[i]
+        if not r.elected():
+            return
+        if pre:
+            self.campaign(i, pre=False)
+            return
+        if r.term == term and r.role is Role.CANDIDATE:
+            self.become_leader(i)
+
+    def become_leader(self, i: int) -> None:
+        r = self.replicas[i]
+        r.become_leader(self.now)
+        self.persist(i)
+        term = r.term
+        if self.leaders.setdefault(term, i) != i:
+            self.violations.append(f"two leaders in term {term}")
+        store = self.stores[i]
+        for seq, value in self.committed.items():
+            if seq >= len(store) or store[seq].hash != value:
+                self.violations.append(f"leader {i} of term {term} lacks committed seq {seq}")
+        self.advance(i)
+
+    def send(self, i: int, j: int) -> None:
+        r = self.replicas[i]
+        plan = r.plan(KEYS[j], max_events=self.rng.randint(1, 4))
+        if plan is None:
+            return
+        store = self.stores[i]
+        prev = None if plan.prev < 0 else (plan.prev, store[plan.prev].hash)
+        events = store[plan.first: plan.last + 1] if plan.last >= plan.first else []
+        r.sent(plan)
+        self.pool.append(("append", i, j, plan, prev, list(events)))
+
+    def reconfigure(self, i: int) -> None:
+        r = self.replicas[i]
+        if not r.is_leader or not r.config_committed():
+            return
+        if len(r.state.configs) > 1:
+            r.prune_configs()
+            self.persist(i)
+            return
+        config = r.config
+        assert config is not None
+        head = -1 if r.head is None else r.head[0]
+        if config.joint:
+            new = ChainConfig(config.epoch + 1, config.voters, (), head, r.term)
+        else:
+            voters = self.rng.sample(MEMBERS, 3)
+            if {m.key for m in voters} == config.voter_keys():
+                return
+            new = ChainConfig(config.epoch + 1, voters, config.voters, head, r.term)
+        r.propose_config(new)
+        self.persist(i)
+
+    def restart(self, i: int) -> None:
+        old = self.replicas[i]
+        self.replicas[i] = Replica(KEY, old.own, self.disks[i], self.head(i),
+                                   election_timeout=3.0)
+
+    def deliver(self, index: int, duplicate: bool) -> None:
+        message = self.pool[index] if duplicate else self.pool.pop(index)
+        kind = message[0]
+        if kind == "vote":
+            _, i, j, term, pre, rank, proposed = message
+            answer = self.replicas[j].on_vote(KEYS[i], term, pre, rank, self.now,
+                                              proposed=proposed)
+            if answer.state is not None:
+                self.persist(j)
+            self.pool.append(("voted", j, i, term, pre, answer.granted, answer.term))
+        elif kind == "voted":
+            _, j, i, term, pre, granted, their_term = message
+            r = self.replicas[i]
+            if r.on_vote_answer(KEYS[j], granted, their_term, asked=term, pre=pre) is not None:
+                self.persist(i)
+            self.check_elected(i, term, pre)
+        elif kind == "append":
+            _, i, j, plan, prev, events = message
+            follower = self.replicas[j]
+            seqs = [e.seq for e in events]
+            if prev is not None:
+                seqs.append(prev[0])
+            if plan.start is not None:
+                seqs.append(plan.start[0])
+            outcome = follower.on_append(KEYS[i], plan.term, plan.start, prev, events,
+                                         plan.commit, plan.configs, self.now,
+                                         self.hashes(j, seqs))
+            store = self.stores[j]
+            if outcome.truncate_from is not None:
+                for seq in range(outcome.truncate_from, len(store)):
+                    if self.committed.get(seq) == store[seq].hash:
+                        self.violations.append(f"replica {j} cut committed seq {seq}")
+                del store[outcome.truncate_from:]
+            for event in outcome.append:
+                assert event.seq == len(store)
+                store.append(event)
+            if outcome.state is not None:
+                self.persist(j)
+            locator_match = None
+            if outcome.ack.status is AckStatus.MISMATCH:
+                locator_match = -1
+            self.pool.append(("acked", j, i, plan, outcome.ack, locator_match))
+        elif kind == "acked":
+            _, j, i, plan, ack, _ = message
+            leader = self.replicas[i]
+            match = None
+            if ack.status is AckStatus.MISMATCH:
+                # The leader finds the highest seq of the follower's chain on its own.
+                theirs, mine = self.stores[j], self.stores[i]
+                common = [s for s in range(min(len(theirs), len(mine)))
+                          if theirs[s].hash == mine[s].hash]
+                match = max(common) if common else None
+            seq, persist = leader.on_append_ack(KEYS[j], plan, ack, self.now,
+                                                locator_match=match)
+            if persist is not None:
+                self.persist(i)
+            if seq is not None:
+                self.advance(i)
+
+    def step(self) -> None:
+        rng = self.rng
+        self.now += rng.uniform(0.0, 1.5)
+        roll = rng.random()
+        n = len(self.replicas)
+        if self.pool and roll < 0.55:
+            index = rng.randrange(len(self.pool))
+            if rng.random() < 0.1:
+                self.pool.pop(index)  # lost
+            else:
+                self.deliver(index, duplicate=rng.random() < 0.05)
+        elif roll < 0.65:
+            self.campaign(rng.randrange(n), pre=rng.random() < 0.7)
+        elif roll < 0.8:
+            self.propose(rng.randrange(n))
+        elif roll < 0.93:
+            i = rng.randrange(n)
+            for j in range(n):
+                if j != i:
+                    self.send(i, j)
+        elif roll < 0.97:
+            self.reconfigure(rng.randrange(n))
+        else:
+            self.restart(rng.randrange(n))
+        for r, disk in zip(self.replicas, self.disks, strict=True):
+            self.note_commit(r.state.commit)
+            del disk
+
+    def settle(self) -> None:
+        """Heal: deliver everything, elect one leader, bring everyone in line."""
+        for _ in range(2000):
+            while self.pool:
+                self.deliver(0, duplicate=False)
+            leaders = [i for i, r in enumerate(self.replicas) if r.is_leader]
+            leader = max(leaders, key=lambda i: self.replicas[i].term) if leaders else None
+            if leader is None or any(r.term > self.replicas[leader].term
+                                     for r in self.replicas):
+                self.now += 10.0
+                candidates = [i for i, r in enumerate(self.replicas) if r.is_voter()]
+                self.campaign(self.rng.choice(candidates), pre=False)
+                continue
+            r = self.replicas[leader]
+            for j in range(len(self.replicas)):
+                if j != leader:
+                    progress = r.progress.get(KEYS[j])
+                    if progress is not None:
+                        progress.inflight = False
+                    self.send(leader, j)
+            if not self.pool:
+                self.propose(leader)
+                for j in range(len(self.replicas)):
+                    if j != leader:
+                        self.send(leader, j)
+                while self.pool:
+                    self.deliver(0, duplicate=False)
+                return
+        raise AssertionError("the harness did not settle")
+
+
+def run(seed: int, steps: int) -> Harness:
+    h = Harness.build(seed)
+    for _ in range(steps):
+        h.step()
+        if h.violations:
+            break
+    if not h.violations:
+        h.settle()
+    return h
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_replicas_keep_every_committed_event(seed: int) -> None:
+    h = run(seed, 400)
+    assert h.violations == []
+    leader = next(i for i, r in enumerate(h.replicas) if r.is_leader)
+    commit = h.replicas[leader].commit
+    assert commit is not None
+    reference = [e.hash for e in h.stores[leader][: commit[0] + 1]]
+    config = h.replicas[leader].config
+    assert config is not None
+    for i, r in enumerate(h.replicas):
+        if config.is_voter(r.own):
+            assert [e.hash for e in h.stores[i][: commit[0] + 1]] == reference, (
+                f"replica {i} differs from the leader below the commit")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(min_value=0, max_value=2**32))
+def test_replica_safety_under_any_schedule(seed: int) -> None:
+    h = run(seed, 250)
+    assert h.violations == []
+
+
+def test_a_follower_in_a_new_term_is_cut_back_to_the_leaders_start() -> None:
+    first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
+    events: list[Event] = []
+    for n in range(4):
+        events.append(Event.create(AUTHOR, criterion=KEY, seq=n,
+                                   prev=events[-1].hash if events else None,
+                                   payload=b"%d" % n, time=0))
+    follower = Replica(KEY, KEYS[1], ChainState(term=1, log_term=1, configs=(first,)),
+                       (3, events[3].hash))
+    hashes = {e.seq: e.hash for e in events}
+    start = (1, events[1].hash)
+    # The new leader's start is seq 1: seqs 2 and 3 were never committed.
+    outcome = follower.on_append(KEYS[0], 2, start, start, [], None, (first,), 0.0, hashes)
+    assert outcome.ack.status is AckStatus.OK
+    assert outcome.truncate_from == 2
+    assert follower.state.log_term == 2 and follower.head == start
+    # But never below its commit mark.
+    guarded = Replica(KEY, KEYS[1], ChainState(term=1, log_term=1, configs=(first,),
+                                               commit=(3, events[3].hash)), (3, events[3].hash))
+    refused = guarded.on_append(KEYS[0], 2, start, start, [], None, (first,), 0.0, hashes)
+    assert refused.ack.status is AckStatus.REFUSED
+    assert refused.truncate_from is None
+
+
+def test_votes_are_given_once_per_term_and_only_to_the_up_to_date() -> None:
+    first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
+    voter = Replica(KEY, KEYS[2], ChainState(term=3, log_term=3, configs=(first,)), (5, b"h" * 32))
+    behind = (3, 4, 1)
+    assert not voter.on_vote(KEYS[0], 4, False, behind, 100.0).granted
+    level = (3, 5, 1)
+    yes = voter.on_vote(KEYS[0], 4, False, level, 100.0)
+    assert yes.granted and yes.state is not None and yes.state.voted_for == KEYS[0]
+    assert not voter.on_vote(KEYS[1], 4, False, (4, 9, 1), 100.0).granted  # already voted
+    assert not voter.on_vote(KEYS[3], 5, False, (9, 9, 9), 100.0).granted  # a stranger
+    # A follower that heard from its leader lately refuses pre-votes.
+    voter.leader, voter.heard = KEYS[0], 99.0
+    assert not voter.on_vote(KEYS[1], 6, True, (9, 9, 9), 100.0).granted
+    assert voter.on_vote(KEYS[1], 6, True, (9, 9, 9), 200.0).granted
+
+
+def test_a_joint_configuration_needs_both_majorities() -> None:
+    joint = ChainConfig(2, MEMBERS[2:5], MEMBERS[:3], 0, 1)
+    assert not joint.quorum([KEYS[0], KEYS[1]])  # old majority only
+    assert not joint.quorum([KEYS[3], KEYS[4]])  # new majority only
+    assert not joint.quorum([KEYS[0], KEYS[3], KEYS[4]])  # one of the old voters
+    assert joint.quorum([KEYS[0], KEYS[2], KEYS[3]])
+    assert joint.quorum([KEYS[1], KEYS[2], KEYS[4]])
+
+
+def test_a_plan_for_a_new_follower_probes_the_start_first() -> None:
+    first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
+    leader = Replica(KEY, KEYS[0], ChainState(term=2, configs=(first,)), (7, b"h" * 32))
+    leader.become_leader(0.0)
+    plan = leader.plan(KEYS[1])
+    assert isinstance(plan, AppendPlan)
+    assert (plan.prev, plan.first, plan.last) == (7, 8, 7)  # no events: do you hold seq 7?
+    leader.sent(plan)
+    assert leader.plan(KEYS[1]) is None  # one in flight per member
