@@ -13,7 +13,7 @@ import trio.testing
 
 from ketten import KettenError, Node, criterion_key
 from ketten.adapters.memory import Faults, MemoryNetwork
-from ketten.testing import deterministic_identity, open_cluster, seed_scheduler
+from ketten.testing import deterministic, deterministic_identity, open_cluster
 
 
 async def gossip(seed: int) -> list[tuple[float, str, int]]:
@@ -33,14 +33,14 @@ async def gossip(seed: int) -> list[tuple[float, str, int]]:
         for _ in range(3):
             async with trio.open_nursery() as nursery:
                 size = len(cluster)
-                for i, node in enumerate(cluster.nodes):
+                for i, node in sorted(cluster.nodes.items()):
                     nursery.start_soon(pull, node, cluster[(i * 5 + 1) % size].address)
     return log
 
 
 def run_seed(seed: int) -> list[tuple[float, str, int]]:
-    with seed_scheduler(seed):
-        return trio.run(gossip, seed, clock=trio.testing.MockClock(autojump_threshold=0))
+    return deterministic(lambda: trio.run(gossip, seed,
+                                          clock=trio.testing.MockClock(autojump_threshold=0)))
 
 
 def test_a_seed_replays_exactly() -> None:

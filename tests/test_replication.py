@@ -29,123 +29,15 @@ from ketten.errors import (
     WriterNotAllowed,
 )
 from ketten.plugins.memory_store import MemoryBacking
-from ketten.testing import deterministic_identity
-
-
-@attrs.define(eq=False)
-class Cluster:
-    """Nodes on one memory network that can be started and stopped one by one."""
-
-    nursery: trio.Nursery
-    plugins: pluggy.PluginManager
-    net: MemoryNetwork
-    seed: int = 0
-    replication: int = 3
-    anti_entropy: float = 1.0
-    evict_after: float = 30.0
-    hysteresis: float = 30.0
-    request_timeout: float = 1.0
-    nodes: dict[int, Node] = attrs.field(factory=dict)
-    backings: dict[int, MemoryBacking] = attrs.field(factory=dict)
-    scopes: dict[int, trio.CancelScope] = attrs.field(factory=dict)
-    identities: dict[int, Identity] = attrs.field(factory=dict)
-
-    def identity(self, index: int) -> Identity:
-        if index not in self.identities:
-            self.identities[index] = deterministic_identity(self.seed, index)
-        return self.identities[index]
-
-    def config(self, index: int, **changes: Any) -> NodeConfig:
-        backing = self.backings.setdefault(index, MemoryBacking())
-        base = NodeConfig(
-            identity=self.identity(index),
-            overlay="static",
-            replication=self.replication,
-            request_timeout=self.request_timeout,
-            options={
-                "transport": {"network": self.net, "address": f"n:{index}"},
-                "store": {"backing": backing},
-                "overlay": {"seeds": ["n:0"], "interval": 0.5, "evict_after": self.evict_after},
-                "replication": {"anti_entropy": self.anti_entropy,
-                                "hysteresis": self.hysteresis,
-                                "time": lambda: int(trio.current_time() * 1000)},
-            },
-        )
-        return attrs.evolve(base, **changes)
-
-    async def start(self, index: int, **changes: Any) -> Node:
-        config = self.config(index, **changes)
-
-        async def run(task_status: trio.TaskStatus[Node]) -> None:
-            with trio.CancelScope() as scope:
-                self.scopes[index] = scope
-                async with open_node(config, plugins=self.plugins) as node:
-                    self.nodes[index] = node
-                    task_status.started(node)
-                    await trio.sleep_forever()
-            self.nodes.pop(index, None)
-
-        node: Node = await self.nursery.start(run)
-        return node
-
-    async def stop(self, index: int) -> None:
-        self.scopes.pop(index).cancel()
-        while index in self.nodes:
-            await trio.sleep(0.01)
-
-    def brokers(self, key: bytes) -> list[int]:
-        """Indices of the running nodes closest to ``key`` (the replica set)."""
-        target = int.from_bytes(key, "big")
-        ranked = sorted(self.nodes, key=lambda i: int.from_bytes(
-            self.identity(i).node_id, "big") ^ target)
-        return ranked[: self.replication]
-
-    def others(self, key: bytes) -> list[int]:
-        chosen = self.brokers(key)
-        return [i for i in sorted(self.nodes) if i not in chosen]
-
-    async def chain(self, index: int, key: bytes) -> list[Event]:
-        return await self.nodes[index].store.range(key)
-
-    async def settle(self, key: bytes, seconds: float = 10.0) -> list[Event]:
-        """Wait until the brokers of ``key`` agree; return their chain."""
-        with trio.fail_after(seconds):
-            while True:
-                chains = [await self.chain(i, key) for i in self.brokers(key)]
-                if all(c == chains[0] for c in chains):
-                    return chains[0]
-                await trio.sleep(0.1)
-
-    async def moved(self, key: bytes, seconds: float = 60.0) -> None:
-        """Wait until every running node of the replica set holds the configuration
-        that names exactly the running nodes closest to ``key``."""
-        wanted = {self.identity(i).public_key for i in self.brokers(key)}
-        with trio.fail_after(seconds):
-            while True:
-                configs = [await self.nodes[i].configuration(key) for i in self.brokers(key)]
-                if all(cf is not None and not cf.joint and cf.voter_keys() == wanted
-                       for cf in configs):
-                    return
-                await trio.sleep(0.5)
-
-    def cut(self, *indices: int) -> None:
-        self.net.cut([f"n:{i}" for i in indices])
-
-    def heal(self) -> None:
-        self.net.heal()
+from ketten.testing import Cluster, deterministic_identity, open_cluster
 
 
 @asynccontextmanager
 async def cluster(plugins: pluggy.PluginManager, count: int, *, faults: Faults | None = None,
                   **options: Any) -> AsyncIterator[Cluster]:
     net = MemoryNetwork(seed=options.get("seed", 0), faults=faults or Faults())
-    async with trio.open_nursery() as nursery:
-        c = Cluster(nursery, plugins, net, **options)
-        for index in range(count):
-            await c.start(index)
-        await trio.sleep(2.0)
+    async with open_cluster(count, network=net, plugins=plugins, **options) as c:
         yield c
-        nursery.cancel_scope.cancel()
 
 
 # -- seed 000 scenarios ------------------------------------------------------

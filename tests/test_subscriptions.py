@@ -16,7 +16,6 @@ from ketten._core.leases import CursorState, Lease, LeaseTable, confirmed_seq
 from ketten import Node
 from ketten.adapters.memory import Faults, MemoryNetwork
 from ketten.errors import DecodeError, KettenError, UsageError
-from ketten.testing import seed_scheduler
 
 
 @asynccontextmanager
@@ -127,28 +126,27 @@ def test_cursor_state_round_trip() -> None:
 
 
 async def test_push_subscription_end_to_end_under_loss(plugins, autojump_clock) -> None:
-    with seed_scheduler(11):
-        faults = Faults(latency=0.005, jitter=0.005, loss=0.10, duplicate=0.05, reorder=0.1)
-        async with sub_cluster(plugins, 6, seed=11, faults=faults) as c:
-            key = criterion_key("push")
-            reader = c.nodes[outsider(c, key)]
-            got: list[Event] = []
-            async with reader.subscribe("push") as sub:
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(collect, sub, 30, got)
-                    for n in range(30):
-                        await publish(c.nodes[0], key, b"e%d" % n, n)
-                with trio.fail_after(60):
-                    while len(got) < 30:
-                        await trio.sleep(0.1)
-                stats = sub.statistics()
-            chain = await c.settle(key)
-            assert [e.hash for e in got] == [e.hash for e in chain]
-            assert [e.payload for e in got] == [b"e%d" % n for n in range(30)]
-            assert stats.notified > 0 and stats.stored > 0
-            await trio.sleep(1.0)
-            for i in c.brokers(key):
-                assert c.nodes[i]._feeds.live_leases(key) == []
+    faults = Faults(latency=0.005, jitter=0.005, loss=0.10, duplicate=0.05, reorder=0.1)
+    async with sub_cluster(plugins, 6, seed=11, faults=faults) as c:
+        key = criterion_key("push")
+        reader = c.nodes[outsider(c, key)]
+        got: list[Event] = []
+        async with reader.subscribe("push") as sub:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(collect, sub, 30, got)
+                for n in range(30):
+                    await publish(c.nodes[0], key, b"e%d" % n, n)
+            with trio.fail_after(60):
+                while len(got) < 30:
+                    await trio.sleep(0.1)
+            stats = sub.statistics()
+        chain = await c.settle(key)
+        assert [e.hash for e in got] == [e.hash for e in chain]
+        assert [e.payload for e in got] == [b"e%d" % n for n in range(30)]
+        assert stats.notified > 0 and stats.stored > 0
+        await trio.sleep(1.0)
+        for i in c.brokers(key):
+            assert c.nodes[i]._feeds.live_leases(key) == []
 
 
 async def test_a_lost_notification_is_healed_by_the_gap(plugins, autojump_clock) -> None:
@@ -227,7 +225,7 @@ async def test_chain_delivery_does_not_wait_across_criteria(plugins, autojump_cl
             await trio.sleep(1.0)
             assert all(c.nodes[i]._feeds.live_leases(y) for i in c.brokers(y))
             # The reader cannot reach x's brokers: x0 cannot reach it at all.
-            c.net.cut([f"n:{index}"], [f"n:{i}" for i in c.brokers(x)])
+            c.network.cut([f"n:{index}"], [f"n:{i}" for i in c.brokers(x)])
             await publish(c.nodes[writers[0]], x, b"x0", 1)
             await c.nodes[writers[1]].read(x)
             await publish(c.nodes[writers[1]], y, b"y0", 1)  # causally after x0

@@ -327,6 +327,11 @@ class Replica:
             if cut is not None and not self._may_cut(cut):
                 return AppendOutcome(self._ack(AckStatus.REFUSED, "the leader's chain lacks a "
                                                "committed event"), state=persist)
+            if cut is not None:
+                # Configurations made after the cut point go with the events cut off.
+                kept = tuple(c for c in self.state.configs if c.at < cut)
+                if kept != self.state.configs and kept:
+                    persist = self._evolve(configs=kept)
             self.head = new_head
             if reached:
                 adopted = tuple(c for c in configs if c.at <= (start[0] if start else -1))
@@ -477,6 +482,10 @@ class Replica:
         self.start = self.head
         self.heard = now
         self.progress = {}
+        head_seq = -1 if self.head is None else self.head[0]
+        held = tuple(c for c in self.state.configs if c.at <= head_seq)
+        if held and held != self.state.configs:
+            self._evolve(configs=held)  # a leader's configurations are all in its chain
         config = self.config
         assert config is not None
         for member in config.members():

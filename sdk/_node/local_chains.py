@@ -150,6 +150,8 @@ class LocalChains:
 
     store: Store
     max_event_size: int
+    replicated: Callable[[bytes], bool] = lambda criterion: False
+    """Is this chain replicated here? Then only its leader's appends change it."""
     _locks: dict[bytes, _Lock] = attrs.field(factory=dict, init=False)
     _heads: dict[bytes, Event | None] = attrs.field(factory=dict, init=False)
     _policies: dict[bytes, WriterPolicy] = attrs.field(factory=dict, init=False)
@@ -396,12 +398,15 @@ class LocalChains:
         """Append committed events received from a peer where they extend our head.
 
         Verifies them first. Returns how many were added (0 when they do not
-        extend the head: someone else wrote meanwhile). Raises
+        extend the head, someone else wrote meanwhile, or the chain is
+        replicated here: then its leader alone changes it). Raises
         :class:`~ketten.errors.InvalidEvent`.
         """
-        if not events:
+        if not events or self.replicated(criterion):
             return 0
         async with self.lock(criterion):
+            if self.replicated(criterion):
+                return 0
             head = await self.head(criterion)
             fresh = [e for e in events if head is None or e.seq > head.seq]
             if not fresh:

@@ -122,6 +122,7 @@ class Node:
                                         config.replication, local_route, config.request_timeout)
         replicator = self._replicator = Replicator(self._member, self._rpc, chains, sets,
                                                    self._options, self._rng)
+        chains.replicated = replicator.holds
         self._broker = Broker(self._rpc, chains, replicator, sets, None, config.request_timeout,
                               config.sync_batch_bytes)
         self._publisher = Publisher(self._rpc, sets, self._broker, self._member, self._stamp,
@@ -374,7 +375,9 @@ class Node:
         limit = self.config.request_timeout * 2 if deadline is None else deadline
         commit, source = await self._committed_head(key, trio.current_time() + limit)
         if commit is not None:
-            await self._copy_committed(key, commit, source)
+            events = await self._read_committed(key, commit, source, commit[0])
+            if events:
+                return events[-1]
         return await self._chains.head(key)
 
     async def _committed_head(self, key: bytes, until: float) -> tuple[Pos | None, Member | None]:
@@ -427,21 +430,51 @@ class Node:
         raise QuorumUnavailable(f"no leader of criterion {key.hex()[:16]} confirmed a commit "
                                 f"position in time ({last_error})")
 
-    async def _copy_committed(self, key: bytes, commit: Pos, source: Member | None) -> None:
+    async def _read_committed(self, key: bytes, commit: Pos, source: Member | None,
+                              since: int) -> list[Event]:
+        """The committed events of ``key`` from ``since`` up to ``commit``.
+
+        A copy of this node's own that holds ``commit`` answers alone. A
+        reader's copy (no replication state here) is extended with the
+        missing committed events; a chain this node is a member of changes
+        only through its leader, so what it lacks is fetched and not kept.
+        """
         chains = self._chains
         if await chains.hash_at(key, commit[0]) == commit[1]:
-            return
+            return await chains.range(key, max(since, 0), commit[0] + 1)
         route = self._sets.cached(key)
         sources = ([source] if source is not None else []) + (
             list(route.config.members()) if route is not None else [])
+        own = self.identity.public_key
+        if not self._replicator.holds(key):
+            for member in sources:
+                if member.key == own:
+                    continue
+                await self._replicator.pull_committed(self._sets.address(member), key)
+                if await chains.hash_at(key, commit[0]) == commit[1]:
+                    return await chains.range(key, max(since, 0), commit[0] + 1)
+            raise QuorumUnavailable(f"no broker of criterion {key.hex()[:16]} served its "
+                                    f"committed events up to seq {commit[0]}")
+        await self._replicator.repair(key)
+        replica = self._replicator.loaded(key)
+        base = None if replica is None else replica.commit
+        if base is not None and await chains.hash_at(key, base[0]) != base[1]:
+            base = None
+        if base is not None and base[0] >= commit[0]:
+            base = None
+        prefix = [] if base is None else await chains.range(key, max(since, 0), base[0] + 1)
         for member in sources:
-            if member.key == self.identity.public_key:
+            if member.key == own:
                 continue
-            await self._replicator.pull_committed(self._sets.address(member), key)
-            if await chains.hash_at(key, commit[0]) == commit[1]:
-                return
-        raise QuorumUnavailable(f"no broker of criterion {key.hex()[:16]} served its committed "
-                                f"events up to seq {commit[0]}")
+            try:
+                tail = await self._replicator.fetch_committed(self._sets.address(member), key,
+                                                              base, commit)
+            except KettenError:
+                continue
+            if tail and tail[-1].seq == commit[0] and tail[-1].hash == commit[1]:
+                return prefix + [e for e in tail if e.seq >= since]
+        raise QuorumUnavailable(f"no broker of criterion {key.hex()[:16]} served its "
+                                f"committed events up to seq {commit[0]}")
 
     async def read(self, criterion: bytes | str, since: int = 0) -> list[Event]:
         """The committed events of ``criterion`` from seq ``since`` on.
@@ -456,8 +489,7 @@ class Node:
             key, trio.current_time() + self.config.request_timeout * 2)
         if commit is None:
             return []
-        await self._copy_committed(key, commit, source)
-        return await self._chains.range(key, max(since, 0), commit[0] + 1)
+        return await self._read_committed(key, commit, source, since)
 
     async def replay(self, criterion: bytes | str, from_seq: int = 0) -> AsyncIterator[Event]:
         """The local copy of ``criterion`` from ``from_seq`` to its head, in chain order.

@@ -61,7 +61,7 @@ from ..errors import (
 from ..interfaces import Peer
 from .local_chains import LocalChains
 from .replica_sets import ReplicaSets
-from .rpc import Rpc
+from .rpc import Rpc, guarded
 
 __all__ = ["ReplicationOptions", "ReplicationStatistics", "Replicator"]
 
@@ -174,6 +174,7 @@ class Replicator:
     _mismatch: dict[bytes, float] = attrs.field(factory=dict, init=False)
     _committed: list[Callable[[bytes, Pos], None]] = attrs.field(factory=list, init=False)
     _learner_members: dict[bytes, Member] = attrs.field(factory=dict, init=False)
+    _repairs: dict[bytes, float] = attrs.field(factory=dict, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
@@ -209,6 +210,17 @@ class Replicator:
     def loaded(self, criterion: bytes) -> Replica | None:
         return self._replicas.get(criterion)
 
+    def holds(self, criterion: bytes) -> bool:
+        """Does this node hold replication state of the chain (a member, or once one)?
+
+        Such a copy changes only through its leader: committed events copied
+        from elsewhere would come without the configurations made among them.
+        """
+        if criterion in self._members:
+            return True
+        replica = self._replicas.get(criterion)
+        return replica is not None and replica.config is not None
+
     def route_of(self, criterion: bytes) -> Route | None:
         """What this node knows of the chain, from a loaded replica (no store access)."""
         replica = self._replicas.get(criterion)
@@ -224,6 +236,12 @@ class Replicator:
 
     def _now(self) -> float:
         return trio.current_time()
+
+    def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run a background task in the replicator's nursery. A bug in it ends that task
+        (logged), never the node."""
+        if self._nursery is not None:
+            self._nursery.start_soon(guarded, fn, *args)
 
     def _signal(self, criterion: bytes) -> None:
         event = self._changed.pop(criterion, None)
@@ -426,6 +444,7 @@ class Replicator:
                 except InvalidEvent as exc:
                     return self._ack(criterion, replica, None, reason=f"invalid events: {exc}")
             was_voter = replica.is_voter()
+            before = replica.state.configs
             outcome = replica.on_append(peer.public_key, item.term, item.start, item.prev,
                                         events, item.commit, item.configs, self._now(), hashes)
             try:
@@ -439,6 +458,11 @@ class Replicator:
             if outcome.append:
                 self._counts["events_synced"] += len(outcome.append)
             if outcome.state is not None:
+                if _log.isEnabledFor(logging.DEBUG) and outcome.state.configs != before:
+                    _log.debug("%s: chain %s configurations %s (term %d, from %s)",
+                               self.own().address, criterion.hex()[:16],
+                               [c.epoch for c in outcome.state.configs], item.term,
+                               peer.address)
                 await self._save(replica)
             if was_voter != replica.is_voter():
                 self._signal(criterion)
@@ -478,8 +502,13 @@ class Replicator:
                              or await self.chains.head(criterion) is not None):
                 # A chain is being created that this node knows exists: never a second one.
                 return VoteResult(criterion, False, replica.term)
+            mine = replica.rank()
             answer = replica.on_vote(peer.public_key, item.term, item.pre, item.rank,
                                      self._now(), force=item.force, proposed=item.proposed)
+            if answer.granted and _log.isEnabledFor(logging.DEBUG):
+                _log.debug("%s: %svote for %s in term %d on %s: theirs %s, ours %s",
+                           self.own().address, "pre-" if item.pre else "", peer.address,
+                           item.term, criterion.hex()[:16], item.rank, mine)
             if answer.state is not None:
                 await self._save(replica)
             return VoteResult(criterion, answer.granted, answer.term)
@@ -495,8 +524,8 @@ class Replicator:
         config = replica.config
         if config is None or (not config.is_voter(peer.public_key) and replica.leader != peer.public_key):
             return
-        if self._nursery is not None and criterion not in self._campaigns:
-            self._nursery.start_soon(self._campaign_quietly, criterion, True)
+        if criterion not in self._campaigns:
+            self._spawn(self._campaign_quietly, criterion, True)
 
     async def _campaign_quietly(self, criterion: bytes, force: bool) -> None:
         try:
@@ -517,7 +546,7 @@ class Replicator:
             if self._nursery is None:
                 return False
             running = self._campaigns[criterion] = trio.Event()
-            self._nursery.start_soon(self._run_campaign, criterion, force, proposed, running)
+            self._spawn(self._run_campaign, criterion, force, proposed, running)
         await running.wait()
         replica = self._replicas.get(criterion)
         return replica is not None and replica.is_leader
@@ -587,8 +616,9 @@ class Replicator:
                 replica.become_leader(self._now())
                 await self._save(replica)
                 self._reconfigs.pop(criterion, None)
-                _log.debug("%s leads %s in term %d", self.own().address, criterion.hex()[:16],
-                           term)
+                _log.debug("%s leads %s in term %d (epochs %s, votes %s)", self.own().address,
+                           criterion.hex()[:16], term, [c.epoch for c in replica.state.configs],
+                           sorted(self.sets.address(Member(k, "?")) for k in replica.votes))
             else:
                 replica.voting = False
                 if replica.role is Role.CANDIDATE:
@@ -651,7 +681,7 @@ class Replicator:
             if self._nursery is None:
                 return None
             running = self._creations[criterion] = trio.Event()
-            self._nursery.start_soon(self._run_creation, criterion, members, running)
+            self._spawn(self._run_creation, criterion, members, running)
         await running.wait()
         replica = self._replicas.get(criterion)
         if replica is not None and replica.is_leader:
@@ -721,7 +751,7 @@ class Replicator:
             sender.dirty[replica.criterion] = None
             if not sender.running and self._nursery is not None:
                 sender.running = True
-                self._nursery.start_soon(self._send_loop, key)
+                self._spawn(self._send_loop, key)
 
     async def _send_loop(self, key: bytes) -> None:
         sender = self._senders[key]
@@ -859,6 +889,7 @@ class Replicator:
         ready = {k for k, p in replica.progress.items() if p.synced and p.match >= commit_seq}
         learners = {k for k, p in replica.progress.items() if p.learner}
         desired = self.sets.desired(criterion)
+        configs_seen = replica.state.configs
         decision = reconfig.step(
             self._now(), configs=replica.state.configs, committed=replica.config_committed(),
             desired=desired, ready=ready,
@@ -878,8 +909,8 @@ class Replicator:
                 replica.drop_learner(member.key)
             return
         async with self.chains.lock(criterion):
-            if not replica.is_leader:
-                return
+            if not replica.is_leader or replica.state.configs != configs_seen:
+                return  # someone moved it meanwhile: decide again next time
             if change is Change.PRUNE:
                 if replica.prune_configs() is not None:
                     await self._save(replica)
@@ -923,12 +954,12 @@ class Replicator:
             while True:
                 await trio.sleep(interval * (0.5 + self.rng.random()))
                 with trio.move_on_after(interval * 10):
-                    await self.maintain()
+                    await guarded(self.maintain)
 
     async def _flush_loop(self) -> None:
         while True:
             await trio.sleep(self.options.commit_flush)
-            await self.flush()
+            await guarded(self.flush)
 
     async def flush(self) -> None:
         """Write the commit marks that moved since the last flush, and the chains this
@@ -984,7 +1015,7 @@ class Replicator:
             if criterion in self._campaigns or self._nursery is None:
                 continue
             self._mismatch[criterion] = now
-            self._nursery.start_soon(self._stand_in, criterion)
+            self._spawn(self._stand_in, criterion)
 
     async def _stand_in(self, criterion: bytes) -> None:
         """The leader has been silent while the chain should move: if it does not
@@ -1056,7 +1087,7 @@ class Replicator:
             return
         async with trio.open_nursery() as nursery:
             for key in sorted(shared):
-                nursery.start_soon(self._digest_with, key, shared[key])
+                nursery.start_soon(guarded, self._digest_with, key, shared[key])
 
     async def _digest_with(self, key: bytes, chains: list[bytes]) -> None:
         member = None
@@ -1110,12 +1141,65 @@ class Replicator:
                 continue
             await self.pull_committed(peer.address, criterion)
 
-    async def pull_committed(self, address: str, criterion: bytes) -> int:
-        """Copy the committed events ``address`` holds beyond our chain, and its commit mark.
+    async def repair(self, criterion: bytes) -> None:
+        """This node's copy of a chain it is a member of is behind: ask the leader to
+        bring it in line (a confirmation round sends every member what it lacks)."""
+        now = self._now()
+        if now - self._repairs.get(criterion, float("-inf")) < self.options.request_timeout:
+            return
+        if len(self._repairs) > _MAX_LOADED:
+            self._repairs.clear()
+        self._repairs[criterion] = now
+        replica = await self.replica(criterion)
+        if replica is None or replica.config is None or replica.is_leader:
+            return
+        config = replica.config
+        leader = replica.leader
+        targets = [m for m in config.members() if m.key == leader] or [
+            m for m in config.members() if m.key != self.own().key]
+        for member in targets[:2]:
+            try:
+                _, reply = await self.rpc.call(
+                    self.sets.address(member), CommitQuery(criterion, urge=leader is None),
+                    timeout=self.options.request_timeout, retransmit=True)
+            except KettenError:
+                self._counts["peer_failures"] += 1
+                continue
+            if reply.kind == "commit":
+                return
 
-        Only committed events are taken (every future leader holds them), so
-        this is safe without the leader. Returns how many events were added.
+    async def fetch_committed(self, address: str, criterion: bytes, after: Pos | None,
+                              until: Pos) -> list[Any]:
+        """The committed events ``address`` holds after ``after`` up to ``until``, verified,
+        stored nowhere (a read on a member that is behind)."""
+        out: list[Any] = []
+        prev: Pos | None = after
+        while prev is None or prev[0] < until[0]:
+            _, reply = await self.rpc.call(
+                address, Fetch(criterion, prev, self.options.batch_bytes, True),
+                timeout=self.options.request_timeout, retransmit=True)
+            if not reply.on or not reply.events:
+                break
+            events = [self.chains.decode(raw, criterion, where="fetch reply")
+                      for raw in reply.events]
+            await self.chains.verify_run(criterion, prev, events)
+            out.extend(e for e in events if e.seq <= until[0])
+            prev = (events[-1].seq, events[-1].hash)
+            if not reply.more:
+                break
+        return out
+
+    async def pull_committed(self, address: str, criterion: bytes) -> int:
+        """Copy the committed events ``address`` holds beyond our copy, and its commit mark.
+
+        Only for copies this node is not a member of (a reader's cache): only
+        committed events are taken, so this is safe without the leader. For a
+        chain replicated here the leader is asked to resend instead. Returns
+        how many events were added.
         """
+        if self.holds(criterion):
+            await self.repair(criterion)
+            return 0
         added = 0
         while True:
             head = await self.chains.head_pos(criterion)

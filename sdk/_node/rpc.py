@@ -36,9 +36,10 @@ from ..errors import (
 )
 from ..interfaces import Peer, Reply, Transport
 
-__all__ = ["Rpc", "RpcStatistics"]
+__all__ = ["Rpc", "RpcStatistics", "guarded"]
 
 _log = logging.getLogger("ketten.rpc")
+_task_log = logging.getLogger("ketten.node")
 R = TypeVar("R")
 RawService = Callable[[Peer, Any], Awaitable[Any]]
 RawMessageService = Callable[[Peer, Any], Awaitable[None]]
@@ -75,6 +76,26 @@ class _RateLimitedLog:
             self._last.clear()
         suffix = f" ({suppressed} similar suppressed)" if suppressed else ""
         _log.warning(message + suffix, *args, exc_info=exc_info)
+
+
+_BUG_LOG: _RateLimitedLog | None = None
+
+
+async def guarded(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    """Await ``fn(*args)``; an exception that is not a cancellation ends it, logged with a
+    rate limit (a bug of ours or of a plugin degrades one task, never the node)."""
+    global _BUG_LOG
+    try:
+        await fn(*args)
+    except KettenError as exc:
+        _task_log.debug("%s ended: %s", getattr(fn, "__name__", fn), exc)
+    except Exception as exc:
+        if _BUG_LOG is None:
+            _BUG_LOG = _RateLimitedLog()
+        _BUG_LOG.warning(f"task:{getattr(fn, '__qualname__', fn)}",
+                         "background task %s failed: %s: %s",
+                         getattr(fn, "__qualname__", fn), type(exc).__name__, exc,
+                         exc_info=True)
 
 
 @attrs.define(eq=False)
