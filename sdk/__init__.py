@@ -6,6 +6,8 @@ hash-linked chain replicated on the overlay nodes closest to its key.
 
 from __future__ import annotations
 
+import logging as _logging
+
 from . import errors, hookspecs, interfaces, wire
 from ._core.chain import (
     AncestorSearch,
@@ -70,6 +72,9 @@ from .errors import (
 from .hookspecs import hookimpl
 
 __version__ = "0.1.0"
+
+# The application decides where ketten's log records go (logger "ketten").
+_logging.getLogger("ketten").addHandler(_logging.NullHandler())
 
 __all__ = [
     "DEFAULT_MAX_EVENT_SIZE",

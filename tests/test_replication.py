@@ -481,3 +481,35 @@ async def test_published_events_carry_clock_stamps_that_follow_causality(
         assert clock is not None and first.clock and second.clock
         assert clock.compare(first.clock, second.clock) is ClockOrder.BEFORE
         assert second.prev == first.hash
+
+
+# -- the documented exception: one new criterion started on both sides of a partition ----
+
+
+async def test_a_criterion_started_twice_is_settled_on_the_lower_genesis(autojump_clock) -> None:
+    recorder = ForkRecorder()
+    pm = ketten.plugin_manager(extra=(recorder,))
+    async with cluster(pm, 7, evict_after=3.0, hysteresis=4.0) as c:
+        key = criterion_key("started twice")
+        c.network.cut([f"n:{i}" for i in (0, 1, 2)])
+        await trio.sleep(10.0)  # each side's membership forgets the other side
+        left = await c.nodes[0].publish(key, b"left")
+        right = await c.nodes[4].publish(key, b"right")
+        assert left.seq == right.seq == 0 and left.hash != right.hash
+        c.heal()
+        winner, loser = sorted([left, right], key=lambda e: e.hash)
+        with trio.fail_after(120):
+            while True:
+                await trio.sleep(1.0)
+                geneses = {(await c.nodes[i].store.range(key, 0, 1) or [None])[0]
+                           for i in c.nodes if await c.nodes[i].configuration(key) is not None}
+                if geneses == {winner}:
+                    break
+        after = await c.nodes[3].publish(key, b"after the heal")
+        chain = await c.settle(key, 60.0)
+        assert chain[0] == winner and chain[-1] == after
+        assert loser not in chain
+        # The losing copy is reported, kept among the orphans, and counted.
+        assert any(orphaned and orphaned[0] == loser.payload and head is None
+                   for _, orphaned, head in recorder.resolved)
+        assert sum(n.replication_statistics().chains_yielded for n in c.nodes.values()) >= 1

@@ -23,8 +23,17 @@ Options (``NodeConfig.options["overlay"]``):
 ``paths`` (disjoint lookup paths d, 1), ``puzzle_difficulty`` (0),
 ``refresh_interval`` (seconds, 3600), ``rpc_timeout`` (seconds, 2.0),
 ``siblings`` (sibling list size, default ``5 * replication``),
-``stale_after`` (failed requests before a contact is dropped, 2),
+``stale_after`` (failed requests in a row before a contact is dropped, 5),
+``ping_interval`` (seconds between liveness pings of the siblings, 10.0),
 ``join_refresh`` (refresh every bucket after joining, true).
+
+Under loss the table does not flap: requests are retransmitted on lossy
+transports, a contact is dropped only after ``stale_after`` failures in a row
+and replaced from its bucket's replacement cache. Every ``ping_interval``
+the siblings (the nodes closest to this one, which hold the same chains) are
+pinged, so dead neighbours leave and chains move off them; a node whose
+table has fallen below ``k`` contacts joins again through its bootstrap
+addresses and every peer it has known.
 """
 
 from __future__ import annotations
@@ -42,14 +51,12 @@ from ketten import hookimpl, node_id_of
 from ketten.errors import (
     ConfigError,
     DecodeError,
-    PeerUnreachable,
+    KettenError,
     ProtocolError,
-    RemoteError,
-    Unavailable,
     UsageError,
 )
 from ketten.interfaces import Peer
-from ketten.wire import decode_message, encode_message, field
+from ketten.wire import field
 
 from ._ids import Contact, puzzle_ok
 from ._lookup import Lookup, Query
@@ -77,7 +84,8 @@ class KademliaOptions:
     refresh_interval: float = 3600.0
     rpc_timeout: float = 2.0
     siblings: int = 15
-    stale_after: int = 2
+    stale_after: int = 5
+    ping_interval: float = 10.0
     join_refresh: bool = True
 
     @classmethod
@@ -103,7 +111,7 @@ class KademliaOptions:
                 values[name] = value
         if values.get("puzzle_difficulty", 0) > 64:
             raise ConfigError("kademlia option 'puzzle_difficulty' must be at most 64")
-        for name in ("refresh_interval", "rpc_timeout"):
+        for name in ("refresh_interval", "rpc_timeout", "ping_interval"):
             if name in options:
                 value = options[name]
                 if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
@@ -173,6 +181,7 @@ class KademliaOverlay:
     _own: int = attrs.field(init=False)
     _rng: random.Random = attrs.field(init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
+    _known_addresses: dict[str, None] = attrs.field(factory=dict, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -199,18 +208,27 @@ class KademliaOverlay:
     # -- Overlay -------------------------------------------------------------
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve ``"kad"``, join through the bootstrap addresses, then refresh until cancelled."""
+        """Serve ``"kad"``, join through the bootstrap addresses, then keep the table
+        (sibling pings, bucket refreshes, joining again when it runs low) until cancelled."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self._node.register_service(SERVICE, self._serve)
             await self._join()
             task_status.started()
+            last_refresh = trio.current_time()
             while True:
-                await trio.sleep(self.options.refresh_interval)
-                if not len(self._table):
-                    await self._join()
-                else:
+                await trio.sleep(self.options.ping_interval * (0.75 + 0.5 * self._rng.random()))
+                if len(self._table) < self.options.k:
+                    await self._join(again=True)
+                await self._ping_siblings()
+                if trio.current_time() - last_refresh >= self.options.refresh_interval:
+                    last_refresh = trio.current_time()
                     await self._refresh()
+
+    async def _ping_siblings(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for contact in self._table.siblings():
+                nursery.start_soon(self._ping, contact.peer.address, contact)
 
     async def closest(self, key: bytes, count: int) -> list[Peer]:
         """The ``count`` live nodes closest to ``key`` (this one included), nearest first.
@@ -259,14 +277,18 @@ class KademliaOverlay:
     def _local_peer(self) -> Peer:
         return Peer(self._node.address, self._node.identity.public_key)
 
-    async def _join(self) -> None:
+    async def _join(self, *, again: bool = False) -> None:
         own_address = self._node.address
+        addresses = list(self.options.bootstrap)
+        if again:
+            # Every peer this node has known may still be there.
+            addresses += [a for a in self._known_addresses if a not in addresses]
         async with trio.open_nursery() as nursery:
-            for address in self.options.bootstrap:
+            for address in addresses:
                 if address != own_address:
                     nursery.start_soon(self._ping, address, None)
         if not len(self._table):
-            if self.options.bootstrap:
+            if self.options.bootstrap and not again:
                 _log.warning("%s: no bootstrap node answered; running alone", own_address)
             return
         await self._lookup(self._own, self.options.k)
@@ -312,7 +334,7 @@ class KademliaOverlay:
             peer, answer = await self._rpc(contact.peer.address, request)
             _check_key(contact, peer)
             contacts = decode_contacts(answer, self.options.puzzle_difficulty)
-        except (Unavailable, RemoteError, DecodeError, ProtocolError) as exc:
+        except KettenError as exc:  # any failure of one query is a failed contact
             _log.debug("find at %s failed: %s", contact.peer.address, exc)
             self._counts["query_failures"] += 1
             self._failed(contact)
@@ -324,22 +346,25 @@ class KademliaOverlay:
             _check_pong(answer)
             if expected is not None:
                 _check_key(expected, peer)
-        except (Unavailable, RemoteError, DecodeError, ProtocolError) as exc:
+        except KettenError as exc:  # any failure of one query is a failed contact
             _log.debug("ping %s failed: %s", address, exc)
             if expected is not None:
                 self._failed(expected)
 
     async def _rpc(self, address: str, body: Any) -> tuple[Peer, Any]:
-        with trio.move_on_after(self.options.rpc_timeout):
-            reply = await self._node.transport.request(address, encode_message(SERVICE, body))
-            service, answer = decode_message(reply.data)
-            if service != SERVICE:
-                raise ProtocolError(f"{address} answered a {SERVICE!r} request as {service!r}")
-            self._observe(reply.peer)
-            return reply.peer, answer
-        raise PeerUnreachable(f"no reply from {address} within {self.options.rpc_timeout} s")
+        # Kademlia requests are reads: repeating a lost one is safe.
+        peer, answer = await self._node.request(address, SERVICE, body,
+                                                timeout=self.options.rpc_timeout,
+                                                retransmit=True)
+        self._observe(peer)
+        return peer, answer
 
     def _observe(self, peer: Peer) -> None:
+        known = self._known_addresses
+        if peer.address not in known:
+            known[peer.address] = None
+            while len(known) > 4 * self.options.k:
+                del known[next(iter(known))]
         seen = self._table.observe(Contact.of(peer), trio.current_time())
         self._after(seen)
         if seen.outcome is Outcome.ADDED:

@@ -69,15 +69,15 @@ class _Entry:
 class RoutingTable:
     """k-buckets, replacement caches and a sibling list around ``own_id``.
 
-    ``stale_after`` is how many failed requests remove a contact when no
-    replacement is waiting (with a replacement, one failure is enough).
+    ``stale_after`` is how many failed requests in a row remove a contact (one
+    failed ping-before-evict is enough when a replacement is waiting).
     """
 
     own_id: int
     k: int = 20
     sibling_size: int = 20
     difficulty: int = 0
-    stale_after: int = 2
+    stale_after: int = 5
     _entries: dict[int, _Entry] = attrs.field(factory=dict, init=False)
     _buckets: list[dict[int, _Entry]] = attrs.field(init=False)
     _replacements: list[dict[int, Contact]] = attrs.field(init=False)
@@ -251,12 +251,15 @@ class RoutingTable:
     def failed(self, node_id: int, now: float) -> Contact | None:
         """A request to ``node_id`` failed. Returns a replacement that entered the table.
 
-        The contact is removed after ``stale_after`` failures, or at once if a
-        replacement is waiting for its bucket.
+        A contact is removed after ``stale_after`` failures in a row (any
+        answer resets the count), so that lost messages do not make the
+        table flap; or at once when it failed the ping that decides whether
+        a newcomer waiting in the replacement cache takes its place.
         """
         entry = self._entries.get(node_id)
         index = bucket_index(self.own_id, node_id)
-        if index < ID_BITS and self._checking.get(index) == node_id:
+        checked = index < ID_BITS and self._checking.get(index) == node_id
+        if checked:
             del self._checking[index]
         if entry is None:
             if index < ID_BITS:
@@ -264,7 +267,7 @@ class RoutingTable:
             return None
         entry.failures += 1
         waiting = bool(self._replacements[index])
-        if entry.failures < self.stale_after and not waiting:
+        if entry.failures < self.stale_after and not (checked and waiting):
             return None
         return self._remove(entry, index, now)
 

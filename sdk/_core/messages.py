@@ -171,16 +171,18 @@ class Request:
 
 @attrs.frozen
 class Route:
-    """What a broker knows of a chain: its configuration, term, leader and commit."""
+    """What a broker knows of a chain: its configuration, term, leader and commit, and
+    the hash of its genesis (which chain it is, should one criterion have two)."""
 
     config: ChainConfig
     term: int
     leader: bytes | None
     commit: Pos | None
+    genesis: bytes | None = None
 
     def to_wire(self) -> Any:
         return {"cf": self.config.encode(), "t": self.term, "l": self.leader,
-                "k": encode_pos(self.commit)}
+                "k": encode_pos(self.commit), "g": self.genesis}
 
     @classmethod
     def from_wire(cls, body: Any, where: str = "route") -> Route:
@@ -188,8 +190,11 @@ class Route:
         leader = m.get("l")
         if leader is not None:
             leader = _key(leader, f"{where}.l")
+        genesis = m.get("g")
+        if genesis is not None:
+            genesis = _key(genesis, f"{where}.g")
         return cls(_config(_get(m, "cf", where), f"{where}.cf"), _int(m, "t", where), leader,
-                   _pos(m, "k", where))
+                   _pos(m, "k", where), genesis)
 
 
 # -- publish ---------------------------------------------------------------------
@@ -338,20 +343,24 @@ class AppendItem:
     events: tuple[bytes, ...]
     commit: Pos | None
     configs: tuple[ChainConfig, ...]
+    genesis: bytes | None = None
 
     def to_wire(self) -> Any:
         return {"c": self.criterion, "t": self.term, "s": encode_pos(self.start),
                 "p": encode_pos(self.prev), "e": list(self.events), "k": encode_pos(self.commit),
-                "cf": [c.encode() for c in self.configs]}
+                "cf": [c.encode() for c in self.configs], "g": self.genesis}
 
     @classmethod
     def from_wire(cls, body: Any, where: str = "append") -> AppendItem:
         m = _map(body, where)
         configs = _items(m, "cf", where, _config, limit=8, nonempty=True)
+        genesis = m.get("g")
+        if genesis is not None:
+            genesis = _key(genesis, f"{where}.g")
         return cls(_key(_get(m, "c", where), f"{where}.c"), _int(m, "t", where, low=1),
                    _pos(m, "s", where), _pos(m, "p", where),
                    _items(m, "e", where, _event_bytes, limit=MAX_EVENTS),
-                   _pos(m, "k", where), configs)
+                   _pos(m, "k", where), configs, genesis)
 
 
 @attrs.frozen
@@ -365,9 +374,10 @@ class AppendAck:
     commit: Pos | None = None
     locator: tuple[Pos, ...] = ()
     reason: str = ""
+    genesis: bytes | None = None
 
     STATUSES: ClassVar[frozenset[str]] = frozenset(
-        {"ok", "stale-term", "gap", "mismatch", "refused", "absent"})
+        {"ok", "stale-term", "gap", "mismatch", "refused", "absent", "conflict"})
 
     def to_wire(self) -> Any:
         out: dict[str, Any] = {"c": self.criterion, "s": self.status, "t": self.term,
@@ -377,6 +387,8 @@ class AppendAck:
             out["l"] = [encode_pos(p) for p in self.locator]
         if self.reason:
             out["r"] = self.reason[:MAX_TEXT]
+        if self.genesis is not None:
+            out["g"] = self.genesis
         return out
 
     @classmethod
@@ -391,9 +403,13 @@ class AppendAck:
             if any(p is None for p in raw):
                 raise DecodeError("locator entries must not be null", where=where)
             locator = tuple(p for p in raw if p is not None)
+        genesis = m.get("g")
+        if genesis is not None:
+            genesis = _key(genesis, f"{where}.g")
         return cls(_key(_get(m, "c", where), f"{where}.c"), status, _int(m, "t", where),
                    _int(m, "lt", where), _pos(m, "h", where), _int(m, "ep", where),
-                   _pos(m, "k", where), locator, _text(m, "r", where) if "r" in m else "")
+                   _pos(m, "k", where), locator, _text(m, "r", where) if "r" in m else "",
+                   genesis)
 
 
 @attrs.frozen
@@ -444,6 +460,7 @@ class VoteItem:
     rank: tuple[int, int, int]
     proposed: ChainConfig | None = None
     force: bool = False
+    genesis: bytes | None = None
 
     def to_wire(self) -> Any:
         out: dict[str, Any] = {"c": self.criterion, "t": self.term, "pre": self.pre,
@@ -452,6 +469,8 @@ class VoteItem:
             out["cf"] = self.proposed.encode()
         if self.force:
             out["f"] = True
+        if self.genesis is not None:
+            out["g"] = self.genesis
         return out
 
     @classmethod
@@ -463,9 +482,12 @@ class VoteItem:
                         and 0 <= rank[2] <= MAX_UINT)):
             raise DecodeError("rank must be [log term, head seq, epoch]", where=where)
         proposed = _config(m["cf"], f"{where}.cf") if m.get("cf") is not None else None
+        genesis = m.get("g")
+        if genesis is not None:
+            genesis = _key(genesis, f"{where}.g")
         return cls(_key(_get(m, "c", where), f"{where}.c"), _int(m, "t", where, low=1),
                    _bool(m, "pre", where), (rank[0], rank[1], rank[2]), proposed,
-                   _bool(m, "f", where) if "f" in m else False)
+                   _bool(m, "f", where) if "f" in m else False, genesis)
 
 
 @attrs.frozen

@@ -370,11 +370,14 @@ class LocalChains:
             self.forget(events[0].criterion)
             raise
 
-    async def cut(self, criterion: bytes, seq: int, events: Sequence[Event] = ()) -> list[Event]:
+    async def cut(self, criterion: bytes, seq: int, events: Sequence[Event] = (), *,
+                  force: bool = False) -> list[Event]:
         """Cut the chain from ``seq`` on and append ``events`` in its place (atomic).
 
         The cut events become orphans; observers hear of them. The caller
-        holds the chain's lock and has verified ``events``.
+        holds the chain's lock and has verified ``events``. (``force`` is
+        only documentation at the call site: the one case that gives up
+        committed events, a criterion started twice.)
         """
         with trio.CancelScope(shield=True):
             try:

@@ -123,6 +123,8 @@ class Node:
         replicator = self._replicator = Replicator(self._member, self._rpc, chains, sets,
                                                    self._options, self._rng)
         chains.replicated = replicator.holds
+        sets.rival = lambda criterion, genesis: replicator._spawn(
+            replicator.settle_rival, criterion, genesis, "a survey")
         self._broker = Broker(self._rpc, chains, replicator, sets, None, config.request_timeout,
                               config.sync_batch_bytes)
         self._publisher = Publisher(self._rpc, sets, self._broker, self._member, self._stamp,

@@ -43,6 +43,12 @@ def member_of(peer: Peer) -> Member:
     return Member(peer.public_key, peer.address)
 
 
+def preference(route: Route) -> tuple[bool, bytes, int, int]:
+    """Sort key of routes, best first: the chain with the lowest genesis hash (should a
+    criterion have been started twice), then the newest configuration and term."""
+    return route.genesis is None, route.genesis or b"", -route.config.epoch, -route.term
+
+
 @attrs.define(eq=False)
 class ReplicaSets:
     """Routes to chains, cached; lookups on a miss; the overlay's view for moves."""
@@ -53,6 +59,8 @@ class ReplicaSets:
     replication: int
     local: Callable[[bytes], Route | None]
     timeout: float
+    rival: Callable[[bytes, bytes], None] = lambda criterion, genesis: None
+    """Called when a survey finds another chain of a criterion this node holds."""
     _routes: OrderedDict[bytes, Route] = attrs.field(factory=OrderedDict, init=False)
     _known: OrderedDict[bytes, None] = attrs.field(factory=OrderedDict, init=False)
     """Chains this node has seen exist (kept longer than routes, and across restarts)."""
@@ -98,11 +106,10 @@ class ReplicaSets:
             self._known[data[start:start + 32]] = None
 
     def learn(self, criterion: bytes, route: Route) -> None:
-        """Remember ``route`` unless a newer one is known (epoch, then term)."""
+        """Remember ``route`` unless a better one is known (see :func:`preference`)."""
         self.note_exists(criterion)
         known = self._routes.get(criterion)
-        if known is not None and (known.config.epoch, known.term) > (route.config.epoch,
-                                                                     route.term):
+        if known is not None and preference(known) < preference(route):
             return
         self._routes[criterion] = route
         self._routes.move_to_end(criterion)
@@ -198,16 +205,18 @@ class ReplicaSets:
             for index, member in enumerate(others):
                 nursery.start_soon(ask, index, member)
         held = False
+        local = best
         for result in results:
             if result is None:
                 continue
             answered += 1
             found, copy = result
             held = held or copy or found is not None
-            if found is not None and (
-                    best is None or (found.config.epoch, found.term) > (best.config.epoch,
-                                                                      best.term)):
+            if found is not None and (best is None or preference(found) < preference(best)):
                 best = found
+            if (found is not None and local is not None and found.genesis is not None
+                    and local.genesis is not None and found.genesis != local.genesis):
+                self.rival(criterion, found.genesis)
         if best is not None:
             self.learn(criterion, best)
         elif held:

@@ -30,10 +30,10 @@ from .._core.membership import ChainConfig, ChainState, Member, Pos
 from .._core.messages import (
     MAX_BATCH,
     Append,
-    CommitQuery,
     AppendAck,
     AppendItem,
     AppendReply,
+    CommitQuery,
     Digest,
     DigestReply,
     Fetch,
@@ -140,6 +140,9 @@ class ReplicationStatistics:
     anti_entropy_rounds: int
     digests_sent: int
     peer_failures: int
+    chains_yielded: int
+    """Chains given up because the same criterion had been started twice (on two sides
+    of a partition) and the other chain won."""
     state_writes: int
     lookups: int
 
@@ -175,6 +178,8 @@ class Replicator:
     _committed: list[Callable[[bytes, Pos], None]] = attrs.field(factory=list, init=False)
     _learner_members: dict[bytes, Member] = attrs.field(factory=dict, init=False)
     _repairs: dict[bytes, float] = attrs.field(factory=dict, init=False)
+    _genesis: dict[bytes, bytes] = attrs.field(factory=dict, init=False)
+    """Genesis hashes of the chains held here: which chain of a criterion this is."""
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
@@ -182,7 +187,7 @@ class Replicator:
         self._counts = dict.fromkeys(
             ("elections_won", "elections_lost", "appends_sent", "append_requests",
              "events_synced", "forks_resolved", "reconfigurations", "anti_entropy_rounds",
-             "digests_sent", "peer_failures"), 0)
+             "digests_sent", "peer_failures", "chains_yielded"), 0)
         self.rpc.serve(Append, self._serve_append)
         self.rpc.serve(Vote, self._serve_vote)
         self.rpc.serve(Digest, self._serve_digest)
@@ -226,13 +231,59 @@ class Replicator:
         replica = self._replicas.get(criterion)
         if replica is None or replica.config is None:
             return None
-        return Route(replica.config, replica.term, replica.leader, replica.commit)
+        return Route(replica.config, replica.term, replica.leader, replica.commit,
+                     self._genesis.get(criterion))
 
     async def route(self, criterion: bytes) -> Route | None:
         replica = await self.replica(criterion)
         if replica is None or replica.config is None:
             return None
-        return Route(replica.config, replica.term, replica.leader, replica.commit)
+        return Route(replica.config, replica.term, replica.leader, replica.commit,
+                     await self.genesis(criterion))
+
+    async def genesis(self, criterion: bytes) -> bytes | None:
+        """The hash of the genesis held here (``None``: no events yet)."""
+        known = self._genesis.get(criterion)
+        if known is None:
+            known = await self.chains.hash_at(criterion, 0)
+            if known is not None:
+                if len(self._genesis) > _MAX_LOADED:
+                    self._genesis.clear()
+                self._genesis[criterion] = known
+        return known
+
+    async def settle_rival(self, criterion: bytes, rival: bytes | None, source: str) -> bool:
+        """Another chain of the same criterion exists, with genesis ``rival``.
+
+        That happens only when a brand-new criterion was started on both
+        sides of a partition. The chain with the lower genesis hash wins,
+        everywhere alike; if ours loses, this node gives up its copy: every
+        event becomes an orphan (reported through ``ketten_fork_resolved``
+        with no head), the replication state is dropped, and the node can
+        join the winner later like any new broker. Returns whether ours lost.
+        """
+        own = await self.genesis(criterion)
+        if rival is None or own is None or rival == own or own < rival:
+            return False
+        async with self.chains.lock(criterion):
+            own = await self.genesis(criterion)
+            if own is None or own == rival or own < rival:
+                return False
+            replica = self._replicas.pop(criterion, None)
+            if replica is not None:
+                replica.role = Role.FOLLOWER
+            orphans = await self.chains.cut(criterion, 0, [], force=True)
+            self._genesis.pop(criterion, None)
+            await self.chains.save_state(criterion, ChainState())
+            self._members.pop(criterion, None)
+            self._reconfigs.pop(criterion, None)
+        self._counts["chains_yielded"] += 1
+        _log.warning("%s: criterion %s was started twice, on two sides of a partition; this "
+                     "chain (genesis %s) lost to the one with genesis %s (learned from %s): "
+                     "%d events orphaned", self.own().address, criterion.hex()[:16],
+                     own.hex()[:16], rival.hex()[:16], source, len(orphans))
+        self._signal(criterion)
+        return True
 
     def _now(self) -> float:
         return trio.current_time()
@@ -316,6 +367,9 @@ class Replicator:
         last: dict[bytes, Any] = {}
         for event in events:
             last[event.criterion] = event
+        for event in events:
+            if event.seq == 0:
+                self._genesis[event.criterion] = event.hash
         for criterion, event in last.items():
             self.sets.note_exists(criterion)
             replica = self._replicas.get(criterion)
@@ -324,6 +378,8 @@ class Replicator:
 
     def _orphaned(self, criterion: bytes, orphans: Any, head: Any) -> None:
         self._counts["forks_resolved"] += 1
+        if any(e.seq == 0 for e in orphans):
+            self._genesis.pop(criterion, None)
         replica = self._replicas.get(criterion)
         if replica is not None:
             replica.head = None if head is None else (head.seq, head.hash)
@@ -423,6 +479,13 @@ class Replicator:
 
     async def _follow(self, peer: Peer, item: AppendItem) -> AppendAck:
         criterion = item.criterion
+        own = await self.genesis(criterion)
+        if item.genesis is not None and own is not None and own != item.genesis:
+            if not await self.settle_rival(criterion, item.genesis, peer.address):
+                replica = await self.replica(criterion, create=True)
+                assert replica is not None
+                return AppendAck(criterion, "conflict", 0, 0, replica.head, replica.state.epoch,
+                                 None, (), "another chain of this criterion", own)
         async with self.chains.lock(criterion):
             replica = await self.replica(criterion, create=True)
             assert replica is not None
@@ -497,6 +560,12 @@ class Replicator:
             replica = await self.replica(criterion, create=item.proposed is not None)
             if replica is None:
                 return VoteResult(criterion, False, 0)
+            own = await self.genesis(criterion)
+            if item.genesis is not None and own is not None and own != item.genesis:
+                rival = item.genesis
+                if self._nursery is not None:
+                    self._spawn(self.settle_rival, criterion, rival, peer.address)
+                return VoteResult(criterion, False, replica.term)
             creating = item.rank[1] < 0 and replica.config is None
             if creating and (self.sets.exists(criterion)
                              or await self.chains.head(criterion) is not None):
@@ -588,7 +657,8 @@ class Replicator:
                 term, members = begun
                 rank = replica.rank()
             await self._ask(replica, members, VoteItem(criterion, term, True, rank,
-                                                       replica.config))
+                                                       replica.config, False,
+                                                       await self.genesis(criterion)))
             async with self.chains.lock(criterion):
                 if not replica.elected():
                     replica.voting = False
@@ -609,7 +679,8 @@ class Replicator:
             rank = replica.rank()
             await self._save(replica)
         await self._ask(replica, members, VoteItem(criterion, term, False, rank,
-                                                   replica.config, force))
+                                                   replica.config, force,
+                                                   await self.genesis(criterion)))
         async with self.chains.lock(criterion):
             if (replica.elected() and replica.term == term
                     and replica.role is Role.CANDIDATE):
@@ -841,10 +912,14 @@ class Replicator:
         configs = tuple(c for c in plan.configs if c.at <= reach) or plan.configs[:1]
         plan = attrs.evolve(plan, last=last, commit=commit, configs=configs)
         return AppendItem(criterion, plan.term, plan.start, prev, tuple(raws), commit,
-                          configs), plan
+                          configs, await self.genesis(criterion)), plan
 
     async def _take_ack(self, replica: Replica, key: bytes, plan: AppendPlan,
                         ack: AppendAck) -> None:
+        if ack.status == "conflict":
+            replica.send_failed(key)
+            await self.settle_rival(replica.criterion, ack.genesis, key.hex()[:16])
+            return
         try:
             status = AckStatus(ack.status)
         except ValueError:
