@@ -25,10 +25,10 @@ import trio
 
 from ketten import Event, Identity, criterion_key
 from ketten.interfaces import Store
-from ketten.plugins.file_store import _format as fmt
-from ketten.plugins.sqlite_store._schema import SCHEMA_V1
 from ketten.plugins.file_store import FileReader, FileStore
+from ketten.plugins.file_store import _format as fmt
 from ketten.plugins.sqlite_store import SqliteReader, SqliteStore
+from ketten.plugins.sqlite_store._schema import SCHEMA_V1
 
 BATCH = 500
 ROUNDS = 5

@@ -15,8 +15,7 @@ import tempfile
 import attrs
 import trio
 
-from ketten import NodeConfig
-from ketten import open_node
+from ketten import NodeConfig, open_node
 from ketten.errors import KettenError, Unavailable
 
 from ._options import ReadOptions, peer_copy

@@ -7,9 +7,8 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ketten import DecodeError, Identity, NodeConfig, open_node, plugin_manager
+from ketten import DecodeError, Identity, NodeConfig, installed_names, open_node, plugin_manager
 from ketten._core.codec import dumps
-from ketten import installed_names
 from ketten.adapters.memory import MemoryNetwork
 from ketten.errors import ConfigError, UsageError
 from ketten.interfaces import Clock, ClockOrder

@@ -18,8 +18,8 @@ import ketten
 from ketten import ConfigError, DecodeError, Identity, NodeConfig, ProtocolError, open_node
 from ketten.adapters.memory import MemoryNetwork
 from ketten.interfaces import Overlay, Peer
-from ketten.plugins.kademlia._ids import puzzle_ok, solve_puzzle
 from ketten.plugins.kademlia import KademliaOptions, KademliaOverlay
+from ketten.plugins.kademlia._ids import puzzle_ok, solve_puzzle
 
 
 @attrs.define(eq=False)

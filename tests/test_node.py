@@ -10,14 +10,12 @@ import trio.testing
 
 import ketten
 from ketten import (
-    BrokenLink,
     ConfigError,
     Identity,
     NodeConfig,
     PeerUnreachable,
     RemoteError,
     UsageError,
-    WriterNotAllowed,
     criterion_key,
     hookimpl,
 )

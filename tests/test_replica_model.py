@@ -54,7 +54,7 @@ class Harness:
         h = cls(random.Random(seed))
         first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
         for key in KEYS:
-            state = ChainState(configs=(first,)) if key in first.keys() else ChainState()
+            state = ChainState(configs=(first,)) if first.is_voter(key) else ChainState()
             h.replicas.append(Replica(KEY, key, state, None, election_timeout=3.0))
             h.stores.append([])
             h.disks.append(state)
@@ -109,9 +109,9 @@ class Harness:
     def advance(self, i: int) -> None:
         r = self.replicas[i]
         seq = r._commit_candidate()
-        if seq is not None and seq < len(self.stores[i]):
-            if r.commit_to((seq, self.stores[i][seq].hash)) is not None:
-                self.persist(i)
+        if (seq is not None and seq < len(self.stores[i])
+                and r.commit_to((seq, self.stores[i][seq].hash)) is not None):
+            self.persist(i)
 
     def campaign(self, i: int, pre: bool) -> None:
         r = self.replicas[i]

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import attrs
 import pluggy
 import pytest
 import trio
@@ -18,8 +17,7 @@ import trio.testing
 
 import ketten
 import ketten.plugins.memory_store
-from ketten import Agent, Event, Identity, NodeConfig, criterion_key, hookimpl, open_node
-from ketten import Node
+from ketten import Agent, Event, Identity, Node, criterion_key, hookimpl
 from ketten.adapters.memory import Faults, MemoryNetwork
 from ketten.errors import (
     CommandIdReused,
@@ -28,8 +26,7 @@ from ketten.errors import (
     UsageError,
     WriterNotAllowed,
 )
-from ketten.plugins.memory_store import MemoryBacking
-from ketten.testing import Cluster, deterministic_identity, open_cluster
+from ketten.testing import Cluster, open_cluster
 
 
 @asynccontextmanager

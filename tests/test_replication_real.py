@@ -10,8 +10,7 @@ from typing import Any
 import pluggy
 import trio
 
-from ketten import Event, NodeConfig, criterion_key, open_node
-from ketten import Node
+from ketten import Event, Node, NodeConfig, criterion_key, open_node
 from ketten.adapters.memory import MemoryNetwork
 from ketten.testing import deterministic_identity
 

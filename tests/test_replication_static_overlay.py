@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from ketten import NodeConfig, open_node
-from ketten import Node
+from ketten import Node, NodeConfig, open_node
 from ketten.adapters.memory import MemoryNetwork
 from ketten.errors import ConfigError
 from ketten.plugins.memory_store import MemoryBacking

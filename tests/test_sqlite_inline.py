@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from ketten.errors import ConfigError
-from ketten.plugins.sqlite_store._inline import InlineCommits
 from ketten.plugins.sqlite_store import ketten_make_store
+from ketten.plugins.sqlite_store._inline import InlineCommits
 
 
 def test_fast_commits_stay_inline_despite_an_occasional_slow_one() -> None:

@@ -113,7 +113,7 @@ async def test_replace_from_and_quarantine_reset_memory(tmp_path: Path) -> None:
 async def test_cancelled_appends_leave_store_and_memory_consistent(tmp_path: Path) -> None:
     store = await reopened(tmp_path)
     keys = [criterion_key(f"cancel-{i}") for i in range(8)]
-    chains = {key: chain(key, 30) for key in keys}
+    chains = {key: chain(key, 40) for key in keys}  # 16 rounds of 2 appends at most
     progress = dict.fromkeys(keys, 0)
     unseen = dropped = 0
     try:

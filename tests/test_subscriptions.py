@@ -11,9 +11,8 @@ import pytest
 import trio
 from test_replication import Cluster
 
-from ketten import Event, criterion_key
+from ketten import Event, Node, criterion_key
 from ketten._core.leases import CursorState, Lease, LeaseTable, confirmed_seq
-from ketten import Node
 from ketten.adapters.memory import Faults, MemoryNetwork
 from ketten.errors import DecodeError, KettenError, UsageError
 

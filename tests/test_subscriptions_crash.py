@@ -14,9 +14,8 @@ import lossy_transport
 import pytest
 import trio
 
-from ketten import Event, NodeConfig, criterion_key, open_node, plugin_manager
+from ketten import Event, Node, NodeConfig, criterion_key, open_node, plugin_manager
 from ketten._core.leases import CursorState
-from ketten import Node
 from ketten.errors import KettenError
 from ketten.plugins.sqlite_store import SqliteStore
 from ketten.testing import deterministic_identity

@@ -138,11 +138,11 @@ class ChainConfig:
     def quorum(self, keys: Collection[bytes]) -> bool:
         """Do ``keys`` hold a majority of the voters (and of the old voters, if joint)?"""
         have = set(keys)
-        if sum(1 for m in self.voters if m.key in have) < majority(len(self.voters)):
-            return False
-        if self.old and sum(1 for m in self.old if m.key in have) < majority(len(self.old)):
-            return False
-        return True
+
+        def holds(group: tuple[Member, ...]) -> bool:
+            return sum(1 for m in group if m.key in have) >= majority(len(group))
+
+        return holds(self.voters) and (not self.old or holds(self.old))
 
     def address_of(self, key: bytes) -> str | None:
         for member in self.members():

@@ -340,9 +340,8 @@ class Replica:
                 changes: dict[str, object] = {"log_term": term}
                 if adopted:
                     changes["configs"] = adopted
-                if commit is not None and new_head is not None and commit[0] <= new_head[0]:
-                    if self.state.commit is None or self.state.commit[0] < commit[0]:
-                        changes["commit"] = commit
+                if self._commit_news(commit, new_head):
+                    changes["commit"] = commit
                 persist = self._evolve(**changes)
             elif persist is not None or cut is not None:
                 persist = self.state
@@ -359,14 +358,19 @@ class Replica:
             if adopted and adopted != self.state.configs:
                 changes["configs"] = adopted
         committed = None
-        if commit is not None and new_head is not None and commit[0] <= new_head[0]:
-            if self.state.commit is None or self.state.commit[0] < commit[0]:
-                changes["commit"] = commit
-                committed = commit
+        if self._commit_news(commit, new_head):
+            changes["commit"] = commit
+            committed = commit
         if changes:
             persist = self._evolve(**changes)
         return AppendOutcome(self._ack(AckStatus.OK), append=tuple(fresh), state=persist,
                              committed=committed)
+
+    def _commit_news(self, commit: Pos | None, head: Pos | None) -> bool:
+        """Is ``commit`` (from the leader) within our chain and beyond what we knew?"""
+        if commit is None or head is None or commit[0] > head[0]:
+            return False
+        return self.state.commit is None or self.state.commit[0] < commit[0]
 
     @staticmethod
     def _diverged(prev: Pos | None, events: Sequence[Event], head_seq: int,

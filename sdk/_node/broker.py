@@ -137,10 +137,10 @@ class Broker:
             earlier = None
             for digest in attempts:
                 found = await chains.store.get(digest)
-                if found is not None and found.criterion == criterion:
-                    if await chains.hash_at(criterion, found.seq) == digest:
-                        earlier = found
-                        break
+                if (found is not None and found.criterion == criterion
+                        and await chains.hash_at(criterion, found.seq) == digest):
+                    earlier = found  # on the main chain, not an orphan
+                    break
             by_command = None
             if event.command is not None:
                 by_command = await chains.store.by_command(criterion, event.author,
@@ -231,13 +231,10 @@ class Broker:
             if await self.chains.hash_at(criterion, request.after[0]) != request.after[1]:
                 return FetchReply(False, (), False, commit)
             start = request.after[0] + 1
+        # A copy without replication state (a reader's) holds committed events only.
         stop = None
-        if request.committed:
-            if replica is None:
-                # A copy without replication state holds committed events only.
-                stop = None
-            else:
-                stop = -1 if commit is None else commit[0] + 1
+        if request.committed and replica is not None:
+            stop = -1 if commit is None else commit[0] + 1
         if stop is not None and start >= stop:
             return FetchReply(True, (), False, commit)
         raws, more = await self.chains.read_batch(criterion, start, budget, stop=stop)

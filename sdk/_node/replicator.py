@@ -19,13 +19,14 @@ import hashlib
 import logging
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import trio
 
 from .._core.chain import make_locator
+from .._core.event import Event
 from .._core.membership import ChainConfig, ChainState, Member, Pos
 from .._core.messages import (
     MAX_BATCH,
@@ -363,8 +364,8 @@ class Replicator:
 
     # -- observers of the store ----------------------------------------------------
 
-    def _appended(self, events: list[Any]) -> None:
-        last: dict[bytes, Any] = {}
+    def _appended(self, events: Sequence[Event]) -> None:
+        last: dict[bytes, Event] = {}
         for event in events:
             last[event.criterion] = event
         for event in events:
@@ -480,12 +481,12 @@ class Replicator:
     async def _follow(self, peer: Peer, item: AppendItem) -> AppendAck:
         criterion = item.criterion
         own = await self.genesis(criterion)
-        if item.genesis is not None and own is not None and own != item.genesis:
-            if not await self.settle_rival(criterion, item.genesis, peer.address):
-                replica = await self.replica(criterion, create=True)
-                assert replica is not None
-                return AppendAck(criterion, "conflict", 0, 0, replica.head, replica.state.epoch,
-                                 None, (), "another chain of this criterion", own)
+        rival = item.genesis is not None and own is not None and own != item.genesis
+        if rival and not await self.settle_rival(criterion, item.genesis, peer.address):
+            replica = await self.replica(criterion, create=True)
+            assert replica is not None
+            return AppendAck(criterion, "conflict", 0, 0, replica.head, replica.state.epoch,
+                             None, (), "another chain of this criterion", own)
         async with self.chains.lock(criterion):
             replica = await self.replica(criterion, create=True)
             assert replica is not None
@@ -872,7 +873,7 @@ class Replicator:
             _log.debug("append to %s failed: %s", sender.member.address, exc)
             self._counts["peer_failures"] += 1
             sender.failures += 1
-            for replica, plan in plans:
+            for replica, _plan in plans:
                 replica.send_failed(key)
                 if replica.is_leader:
                     sender.dirty[replica.criterion] = None

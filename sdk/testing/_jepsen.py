@@ -254,7 +254,7 @@ def check(
     answer: dict[tuple[int, int], bytes] = {}
     by_position: dict[tuple[bytes, int], bytes] = {}
     acked_at: list[tuple[float, bytes, int, bytes]] = []
-    for start, done in acked:
+    for _start, done in acked:
         call = (done.process, done.command)
         if done.event is None or done.seq is None:
             problems.append(f"process {done.process}: an acknowledgement without an event")
@@ -272,7 +272,7 @@ def check(
         holders = [v for v in voters
                    if len(decoded.get(v, {}).get(done.criterion, [])) > done.seq
                    and decoded[v][done.criterion][done.seq].hash == done.event]
-        if len(holders) < majority(len(voters)) if voters else True:
+        if not voters or len(holders) < majority(len(voters)):
             where = [f"node {f.node} at {f.time:.3f}" for f in history.forks
                      if f.criterion == done.criterion and any(h == done.event
                                                               for _, h in f.orphaned)]
@@ -285,12 +285,12 @@ def check(
     # Reads: every event acknowledged before a read began is in it.
     acked_at.sort(key=lambda item: item[0])
     for read in history.reads:
-        for when, criterion, seq, event in acked_at:
+        for when, criterion, seq, acked_hash in acked_at:
             if when >= read.start:
                 break
             if criterion != read.criterion:
                 continue
-            if len(read.hashes) <= seq or read.hashes[seq] != event:
+            if len(read.hashes) <= seq or read.hashes[seq] != acked_hash:
                 problems.append(
                     f"a read of {criterion.hex()[:12]} by process {read.process} at "
                     f"{read.start:.3f} misses seq {seq}, acknowledged at {when:.3f}")

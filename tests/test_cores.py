@@ -1,0 +1,346 @@
+"""The sans-IO cores beside the replica: publish, reconfiguration, feeds, messages, state.
+
+Every test drives a core with values and ``now`` alone: no trio, no network,
+no store.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ketten import DecodeError, Event, Identity, criterion_key
+from ketten._core.feed import FeedState, Placement
+from ketten._core.membership import ChainConfig, ChainState, Member
+from ketten._core.messages import (
+    Answer,
+    Append,
+    AppendAck,
+    AppendItem,
+    CommitQuery,
+    Digest,
+    Fetch,
+    Locate,
+    LocateReply,
+    Offer,
+    OfferAnswer,
+    OfferItem,
+    Route,
+    Vote,
+    VoteItem,
+)
+from ketten._core.publish import PublishAttempt, Step, Verdict, backoff_delay, judge_offer
+from ketten._core.reconfig import Change, Reconfiguration
+
+KEY = criterion_key("cores")
+AUTHOR = Identity.from_seed(b"\x11" * 32)
+KEYS = [bytes([i + 1]) * 32 for i in range(6)]
+MEMBERS = [Member(k, f"m:{i}") for i, k in enumerate(KEYS)]
+FIRST = ChainConfig(1, MEMBERS[:3])
+
+
+def chain(*payloads: bytes, command: int | None = None) -> list[Event]:
+    out: list[Event] = []
+    for payload in payloads:
+        out.append(Event.create(AUTHOR, criterion=KEY, seq=len(out),
+                                prev=out[-1].hash if out else None, payload=payload, time=0,
+                                command=command))
+    return out
+
+
+# -- the leader's verdict -------------------------------------------------------
+
+
+def test_an_event_that_extends_the_head_is_appended() -> None:
+    events = chain(b"a", b"b")
+    verdict, ref = judge_offer(events[1], head=events[0], earlier=None, by_command=None,
+                               at_seq=None)
+    assert verdict is Verdict.APPEND and ref is None
+    assert judge_offer(events[0], head=None, earlier=None, by_command=None,
+                       at_seq=None)[0] is Verdict.APPEND
+
+
+def test_an_event_on_an_old_head_is_stale_with_the_head() -> None:
+    events = chain(b"a", b"b", b"c")
+    rival = Event.create(AUTHOR, criterion=KEY, seq=1, prev=events[0].hash, payload=b"x",
+                         time=1)
+    assert judge_offer(rival, head=events[2], earlier=None, by_command=None,
+                       at_seq=events[1]) == (Verdict.STALE, events[2])
+    lonely = Event.create(AUTHOR, criterion=KEY, seq=5, prev=b"\0" * 32, payload=b"x", time=1)
+    assert judge_offer(lonely, head=None, earlier=None, by_command=None,
+                       at_seq=None) == (Verdict.STALE, None)
+
+
+def test_an_earlier_attempt_of_the_call_is_acknowledged_instead() -> None:
+    events = chain(b"a", b"b")
+    retry = Event.create(AUTHOR, criterion=KEY, seq=2, prev=events[1].hash, payload=b"b",
+                         time=9)
+    assert judge_offer(retry, head=events[1], earlier=events[1], by_command=None,
+                       at_seq=None) == (Verdict.PRESENT, events[1])
+
+
+def test_a_command_id_names_one_content() -> None:
+    first = chain(b"pay", command=7)[0]
+    again = Event.create(AUTHOR, criterion=KEY, seq=1, prev=first.hash, payload=b"pay",
+                         time=1, command=7)
+    other = Event.create(AUTHOR, criterion=KEY, seq=1, prev=first.hash, payload=b"other",
+                         time=1, command=7)
+    assert judge_offer(again, head=first, earlier=None, by_command=first,
+                       at_seq=None) == (Verdict.PRESENT, first)
+    assert judge_offer(other, head=first, earlier=None, by_command=first,
+                       at_seq=None) == (Verdict.REUSED, first)
+
+
+@given(st.integers(0, 64), st.floats(0, 1, exclude_max=True))
+def test_backoff_is_jittered_and_capped(attempt: int, draw: float) -> None:
+    delay = backoff_delay(attempt, draw, base=0.01, cap=1.0)
+    assert 0 <= delay <= 1.0
+    assert delay <= 0.01 * 2 ** min(attempt, 30) + 1e-12
+
+
+# -- the publisher's round ---------------------------------------------------------
+
+
+def route(leader: bytes | None = KEYS[0], commit: tuple[int, bytes] | None = None) -> Route:
+    return Route(FIRST, 3, leader, commit)
+
+
+def drive(attempt: PublishAttempt, now: float = 0.0) -> tuple[Step, object]:
+    action = attempt.next(now)
+    return action.step, action
+
+
+def test_a_publish_finds_a_route_builds_and_sends_to_the_leader() -> None:
+    attempt = PublishAttempt(KEY, 10.0, random.Random(1))
+    assert attempt.next(0.0).step is Step.ROUTE
+    attempt.routed(route())
+    build = attempt.next(0.0)
+    assert build.step is Step.BUILD and build.seq == 0 and build.prev is None
+    attempt.built(chain(b"a")[0])
+    send = attempt.next(0.0)
+    assert send.step is Step.SEND and send.target is not None and send.target.key == KEYS[0]
+    assert send.item is not None and not send.item.urge
+
+
+def test_a_stale_answer_rebuilds_on_the_head_and_names_earlier_attempts() -> None:
+    events = chain(b"a", b"b")
+    attempt = PublishAttempt(KEY, 10.0, random.Random(1))
+    attempt.routed(route())
+    attempt.built(events[0])
+    target = attempt.next(0.0).target
+    assert target is not None
+    attempt.answered(target, OfferAnswer(Answer.STALE, event=events[1].to_bytes()),
+                     events[1], 0.1)
+    action = attempt.next(0.1)
+    while action.step is Step.WAIT:
+        action = attempt.next(action.until)
+    assert action.step is Step.BUILD and action.seq == 2 and action.prev == events[1].hash
+    attempt.built(chain(b"a", b"b", b"c")[2])
+    send = attempt.next(1.0)
+    assert send.item is not None and send.item.attempts == (events[0].hash,)
+
+
+def test_a_silent_leader_makes_the_publisher_urge_another_member() -> None:
+    attempt = PublishAttempt(KEY, 10.0, random.Random(2))
+    attempt.routed(route())
+    attempt.built(chain(b"a")[0])
+    first = attempt.next(0.0)
+    assert first.target is not None and first.target.key == KEYS[0]
+    attempt.answered(first.target, None, None, 1.0)
+    action = attempt.next(1.0)
+    while action.step is Step.WAIT:
+        action = attempt.next(action.until)
+    assert action.step is Step.SEND and action.item is not None and action.item.urge
+    assert action.target is not None and action.target.key != KEYS[0]
+    assert attempt.maybe_stored  # the silent leader may hold it
+
+
+def test_the_outcome_at_the_deadline_says_whether_anything_may_be_stored() -> None:
+    quiet = PublishAttempt(KEY, 5.0, random.Random(3))
+    quiet.routed(None, error="nobody near the key answered")
+    action = quiet.next(6.0)
+    assert action.step is Step.FAIL and action.error == "quorum"
+    assert "nobody" in action.message
+    unknown = PublishAttempt(KEY, 5.0, random.Random(3))
+    unknown.routed(route())
+    unknown.built(chain(b"a")[0])
+    busy = OfferAnswer(Answer.BUSY, stored=True, message="not committed in time")
+    send = unknown.next(0.0)
+    assert send.target is not None
+    unknown.answered(send.target, busy, None, 0.5)
+    assert unknown.next(6.0).error == "unknown"
+
+
+def test_invalid_and_reused_answers_end_the_call() -> None:
+    for kind, error in ((Answer.INVALID, "invalid"), (Answer.REUSED, "reused")):
+        attempt = PublishAttempt(KEY, 5.0, random.Random(4))
+        attempt.routed(route())
+        event = chain(b"a")[0]
+        attempt.built(event)
+        send = attempt.next(0.0)
+        assert send.target is not None
+        attempt.answered(send.target, OfferAnswer(kind, event=event.to_bytes(),
+                                                  message="no"), event, 0.1)
+        assert attempt.next(0.1).step is Step.FAIL and attempt.next(0.1).error == error
+
+
+def test_a_redirect_follows_the_route_and_a_creation_goes_to_the_first_member() -> None:
+    attempt = PublishAttempt(KEY, 5.0, random.Random(5))
+    attempt.routed(None, create=MEMBERS[3:6])
+    attempt.built(chain(b"a")[0])
+    create = attempt.next(0.0)
+    assert create.target is not None and create.target.key == KEYS[3]
+    assert create.item is not None and create.item.create == tuple(MEMBERS[3:6])
+    attempt.answered(create.target, OfferAnswer(Answer.REDIRECT, route=route(KEYS[1])),
+                     None, 0.1)
+    action = attempt.next(0.1)
+    while action.step is Step.WAIT:
+        action = attempt.next(action.until)
+    assert action.target is not None and action.target.key == KEYS[1]
+    assert action.item is not None and action.item.create is None
+
+
+# -- moving chains ----------------------------------------------------------------
+
+
+def step(r: Reconfiguration, now: float, configs: tuple[ChainConfig, ...], desired: list[Member],
+         *, committed: bool = True, ready: set[bytes] | None = None,
+         learners: set[bytes] | None = None) -> object:
+    return r.step(now, configs=configs, committed=committed, desired=desired,
+                  ready=ready or set(), head_seq=9, term=2, learners=learners or set())
+
+
+def test_nothing_moves_before_the_hysteresis_period() -> None:
+    r = Reconfiguration(KEYS[0], hysteresis=30.0)
+    desired = [MEMBERS[0], MEMBERS[1], MEMBERS[4]]
+    assert step(r, 0.0, (FIRST,), desired).change is Change.NOTHING
+    assert step(r, 29.0, (FIRST,), desired).change is Change.NOTHING
+    # A different view restarts the clock: never one timeout.
+    assert step(r, 31.0, (FIRST,), [MEMBERS[0], MEMBERS[1], MEMBERS[5]]).change is Change.NOTHING
+    assert step(r, 50.0, (FIRST,), [MEMBERS[0], MEMBERS[1], MEMBERS[5]]).change is Change.NOTHING
+
+
+def test_a_move_learns_then_goes_joint_then_final() -> None:
+    r = Reconfiguration(KEYS[0], hysteresis=10.0)
+    desired = [MEMBERS[0], MEMBERS[4], MEMBERS[5]]
+    step(r, 0.0, (FIRST,), desired)
+    learn = step(r, 11.0, (FIRST,), desired)
+    assert learn.change is Change.LEARN and {m.key for m in learn.members} == {KEYS[4], KEYS[5]}
+    learners = {KEYS[4], KEYS[5]}
+    assert step(r, 12.0, (FIRST,), desired, learners=learners,
+                ready={KEYS[4]}).change is Change.NOTHING
+    joint = step(r, 13.0, (FIRST,), desired, learners=learners, ready=learners)
+    assert joint.change is Change.PROPOSE and joint.config is not None
+    assert joint.config.joint and joint.config.epoch == 2
+    assert joint.config.voter_keys() == {KEYS[0], KEYS[4], KEYS[5]}
+    assert step(r, 14.0, (FIRST, joint.config), desired,
+                committed=False).change is Change.NOTHING
+    assert step(r, 15.0, (FIRST, joint.config), desired).change is Change.PRUNE
+    final = step(r, 16.0, (joint.config,), desired)
+    assert final.change is Change.PROPOSE and final.config is not None
+    assert not final.config.joint and final.config.epoch == 3
+
+
+def test_a_leader_that_left_hands_over_and_slow_learners_are_given_up() -> None:
+    r = Reconfiguration(KEYS[0], hysteresis=1.0, catch_up_limit=20.0)
+    gone = ChainConfig(3, MEMBERS[3:6])
+    hand = step(r, 0.0, (gone,), MEMBERS[3:6], ready={KEYS[4]})
+    assert hand.change is Change.HAND_OVER and hand.members[0].key == KEYS[4]
+    slow = Reconfiguration(KEYS[0], hysteresis=1.0, catch_up_limit=20.0)
+    desired = [MEMBERS[0], MEMBERS[1], MEMBERS[5]]
+    step(slow, 0.0, (FIRST,), desired)
+    assert step(slow, 2.0, (FIRST,), desired).change is Change.LEARN
+    assert step(slow, 10.0, (FIRST,), desired, learners={KEYS[5]}).change is Change.NOTHING
+    assert step(slow, 23.0, (FIRST,), desired, learners={KEYS[5]}).change is Change.FORGET
+
+
+# -- a subscription's receiving end -------------------------------------------------
+
+
+def test_a_feed_confirms_only_what_a_broker_reported_committed_on_the_local_chain() -> None:
+    events = chain(b"a", b"b", b"c")
+    feed = FeedState((KEY,), {KEY: 0})
+    feed.note_commit(KEY, KEYS[0], (1, events[1].hash))
+    hashes = {e.seq: e.hash for e in events}
+    head = (2, events[2].hash)
+    assert feed.confirmed(KEY, head, {1: hashes[1]}) == (1, False)
+    feed.note_commit(KEY, KEYS[1], (5, b"\0" * 32))
+    assert feed.confirmed(KEY, head, {1: hashes[1], 5: b"x" * 32}) == (1, True)
+    assert feed.place(events[2], (1, events[1].hash)) == Placement.STORE
+    assert feed.place(events[2], None) == Placement.SYNC
+    assert feed.place(events[0], (1, events[1].hash)) == Placement.KNOWN
+
+
+# -- messages and state ---------------------------------------------------------------
+
+keys = st.binary(min_size=32, max_size=32)
+positions = st.none() | st.tuples(st.integers(0, 2**40), keys)
+members = st.builds(Member, keys, st.text(min_size=1, max_size=20))
+configs = st.builds(ChainConfig, st.integers(1, 100), st.lists(members, min_size=1, max_size=5),
+                    st.lists(members, max_size=3), st.integers(-1, 100), st.integers(0, 100))
+
+
+@settings(max_examples=60, deadline=None)
+@given(configs, st.integers(0, 50), positions, st.none() | keys)
+def test_messages_round_trip(config: ChainConfig, term: int, pos: object,
+                             genesis: bytes | None) -> None:
+    route_ = Route(config, term, config.voters[0].key, pos, genesis)  # type: ignore[arg-type]
+    samples = [
+        Offer((OfferItem(b"event", (b"h" * 32,), config.voters, True),)),
+        Append((AppendItem(KEY, term + 1, pos, pos, (b"e1", b"e2"), pos, (config,),  # type: ignore[arg-type]
+                           genesis),)),
+        Vote((VoteItem(KEY, term + 1, True, (term, 5, config.epoch), config, True, genesis),)),
+        CommitQuery(KEY, True),
+        Fetch(KEY, pos, 1000, False),  # type: ignore[arg-type]
+        Locate((KEY,)),
+        Digest((b"\0" * 16,) * 16, (1, 2), ((KEY, 1, 5),)),
+    ]
+    for message in samples:
+        assert type(message).from_wire(message.to_wire()) == message
+    replies = [OfferAnswer(Answer.REDIRECT, route=route_), LocateReply((route_, None), (True, False)),
+               AppendAck(KEY, "ok", term, term, pos, 1, pos, (), "", genesis)]  # type: ignore[arg-type]
+    for reply in replies:
+        assert type(reply).from_wire(reply.to_wire()) == reply
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.binary(max_size=40)
+                    | st.text(max_size=10),
+                    lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(max_size=3), inner, max_size=4), max_leaves=12))
+def test_message_decoders_raise_only_decode_errors(body: object) -> None:
+    for kind in (Offer, Append, Vote, CommitQuery, Fetch, Locate, Digest):
+        try:
+            kind.from_wire(body)
+        except DecodeError:
+            pass
+    for reply in (OfferAnswer, LocateReply, AppendAck):
+        try:
+            reply.from_wire(body)
+        except DecodeError:
+            pass
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**40), st.none() | keys, st.integers(0, 2**40),
+       st.lists(configs, max_size=3).map(lambda cs: sorted(cs, key=lambda c: c.epoch)),
+       positions)
+def test_chain_state_round_trips(term: int, vote: bytes | None, log_term: int,
+                                 configs_: list[ChainConfig], commit: object) -> None:
+    epochs = [c.epoch for c in configs_]
+    state = ChainState(term, vote, log_term, tuple(configs_), commit)  # type: ignore[arg-type]
+    if len(set(epochs)) != len(epochs):
+        with pytest.raises(DecodeError):
+            ChainState.decode(state.encode())
+    else:
+        assert ChainState.decode(state.encode()) == state
+
+
+def test_damaged_chain_state_is_a_decode_error() -> None:
+    good = ChainState(3, None, 2, (FIRST,), None).encode()
+    for bad in (b"", b"\x00", good[:-1], good + b"\x00", good.replace(b"\x03", b"\x1b", 1)):
+        with pytest.raises(DecodeError):
+            ChainState.decode(bad)
