@@ -94,6 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("paths", nargs="+")
     p.add_argument("--verify", default="full", choices=[v.value for v in Verify])
     p.set_defaults(run=_cmd_verify)
+    from ._serve import add_serve_parser
+
+    add_serve_parser(sub)
     sub.add_parser("sim", help="seeded fault simulation with the Jepsen-style checker "
                    "(ketten sim --help for its options)", add_help=False)
     args_list = list(sys.argv[1:] if argv is None else argv)

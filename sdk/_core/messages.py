@@ -266,9 +266,14 @@ class OfferAnswer:
     message: str = ""
     route: Route | None = None
     stored: bool = False
+    epoch: int = 0
+    """The epoch of the answering broker's configuration (a publisher whose view is
+    older refreshes it)."""
 
     def to_wire(self) -> Any:
         out: dict[str, Any] = {"s": self.kind.value}
+        if self.epoch:
+            out["ep"] = self.epoch
         if self.event is not None:
             out["e"] = self.event
         if self.reason:
@@ -293,11 +298,12 @@ class OfferAnswer:
         message = _text(m, "m", where) if "m" in m else ""
         route = Route.from_wire(m["rt"], f"{where}.rt") if m.get("rt") is not None else None
         stored = _bool(m, "st", where) if "st" in m else False
+        epoch = _int(m, "ep", where) if "ep" in m else 0
         if kind is Answer.REUSED and event is None:
             raise DecodeError("a reused answer must carry the event", where=where)
         if kind is Answer.REDIRECT and route is None:
             raise DecodeError("a redirect must carry a route", where=where)
-        return cls(kind, event, reason, message, route, stored)
+        return cls(kind, event, reason, message, route, stored, epoch)
 
 
 @attrs.frozen

@@ -121,7 +121,8 @@ class Broker:
                     return OfferAnswer(Answer.ABSENT, message="this node holds no such chain")
                 return OfferAnswer(Answer.REDIRECT, route=route)
             replica = led
-        return await self._decide(replica, event, item.attempts, signed_here, until)
+        answer = await self._decide(replica, event, item.attempts, signed_here, until)
+        return attrs.evolve(answer, epoch=replica.state.epoch)
 
     async def _decide(self, replica: Replica, event: Event, attempts: tuple[bytes, ...],
                       signed_here: bool, until: float) -> OfferAnswer:

@@ -22,7 +22,7 @@ import trio
 from .._core.chain import Chain, Verify
 from .._core.event import Event
 from .._core.identity import Identity, criterion_key
-from .._core.membership import Member, Pos
+from .._core.membership import ChainConfig, Member, Pos
 from .._core.messages import CommitQuery
 from ..errors import (
     InternalError,
@@ -541,16 +541,26 @@ class Node:
         """The head of the local copy (no network)."""
         return await self._chains.head(self._key(criterion))
 
-    async def configuration(self, criterion: bytes | str) -> Any:
-        """The configuration of ``criterion`` as this node knows it (``None``: unknown).
+    async def configuration(self, criterion: bytes | str, *,
+                            refresh: bool = False) -> ChainConfig | None:
+        """The configuration of ``criterion``: the brokers that hold it, with its epoch.
 
-        No network: the node's own replica state, or a route it learned.
+        From this node's own replica state, or the route it learned; when it
+        knows nothing of the chain (or ``refresh``), the nodes nearest to the
+        key are asked. ``None``: no such chain (yet), or nobody answered.
         """
         key = self._key(criterion)
-        route = self._replicator.route_of(key) or await self._replicator.route(key)
-        if route is None:
-            route = self._sets.cached(key)
-        return None if route is None else route.config
+        if not refresh:
+            route = self._replicator.route_of(key) or await self._replicator.route(key)
+            if route is None:
+                route = self._sets.cached(key)
+            if route is not None:
+                return route.config
+        try:
+            found = await self._sets.route(key, refresh=True)
+        except KettenError:
+            return None
+        return None if isinstance(found, Creation) else found.config
 
     # -- subscriptions -----------------------------------------------------
 

@@ -161,6 +161,10 @@ class Publisher:
                         self.note_head(criterion, (event.seq, event.hash))
                 if reply is not None and reply.route is not None:
                     self.sets.learn(criterion, reply.route)
+                elif reply is not None and reply.epoch:
+                    known = self.sets.cached(criterion)
+                    if known is not None and known.config.epoch < reply.epoch:
+                        self.sets.forget(criterion)  # the chain moved: ask again next time
                 attempt.answered(action.target, reply, event, trio.current_time())
 
     def _error(self, attempt: PublishAttempt, kind: str, message: str,

@@ -1,0 +1,209 @@
+"""Real processes: ``ketten serve`` nodes on loopback TCP with SQLite, killed with SIGKILL.
+
+Five node processes and a client node in the test process publish to three
+criteria while brokers are killed and restarted, and a node whose id is
+closer to one criterion's key than every broker joins (the chain moves to
+it). Afterwards every acknowledged event must be held by a majority of its
+chain's final configuration, in the node processes' own stores, and a read
+through the client must return it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+import trio
+
+import ketten
+from ketten import Agent, Identity, NodeConfig, criterion_key, open_node
+from ketten._core.membership import ChainState, majority
+from ketten.plugins.memory_store import MemoryBacking, MemoryStore
+from ketten.plugins.sqlite_store import SqliteStore
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@attrs.define(eq=False)
+class Process:
+    index: int
+    root: Path
+    port: int
+    identity: Identity
+    bootstrap: str
+    popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def data(self) -> Path:
+        return self.root / f"node{self.index}"
+
+    def start(self) -> None:
+        key = self.root / f"node{self.index}.key"
+        if not key.exists():
+            self.identity.save(key)
+        config = self.root / f"node{self.index}.json"
+        config.write_text(json.dumps({"options": {"replication": {
+            "hysteresis": 5.0, "anti_entropy": 1.0}}}))
+        self.popen = subprocess.Popen(
+            [sys.executable, "-m", "ketten._cli", "serve", "--config", str(config),
+             "--data", str(self.data), "--key", str(key), "--listen", self.address,
+             "--bootstrap", self.bootstrap, "--request-timeout", "1.0",
+             "--log-level", "INFO"],
+            stdout=subprocess.PIPE, stderr=open(self.root / f"node{self.index}.log", "ab"))
+        assert self.popen.stdout is not None
+        line = self.popen.stdout.readline().decode()
+        assert "serving at" in line, line
+
+    def kill(self) -> None:
+        assert self.popen is not None
+        self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait()
+        self.popen = None
+
+    def stop(self) -> None:
+        if self.popen is not None:
+            self.popen.send_signal(signal.SIGTERM)
+            assert self.popen.wait(timeout=30) == 0
+            self.popen = None
+
+
+async def test_killed_brokers_and_a_closer_node_lose_no_acknowledged_event(
+        tmp_path: Path) -> None:
+    rng = random.Random(7)
+    identities = [Identity.from_seed(rng.randbytes(32)) for _ in range(6)]
+    joiner = identities[5]
+    moving = joiner.node_id  # the joiner is closer to this key than any other node
+    keys = [moving, criterion_key("orders"), criterion_key("payments")]
+    ports = [free_port() for _ in identities]
+    first = f"127.0.0.1:{ports[0]}"
+    processes = [Process(i, tmp_path, ports[i], identities[i],
+                         first if i else f"127.0.0.1:{ports[1]}") for i in range(6)]
+    for process in processes[:5]:
+        await trio.to_thread.run_sync(process.start)
+    index_of = {p.identity.public_key: p.index for p in processes}
+    by_key = {p.identity.public_key: p for p in processes}
+    acked: list[tuple[bytes, int, bytes]] = []
+    # The client is a node like any other: it may become a broker too.
+    client_identity = Identity.from_seed(rng.randbytes(32))
+    index_of[client_identity.public_key] = -1
+    client_backing = MemoryBacking()
+    try:
+        client_config = NodeConfig(
+            transport="tcp", overlay="kademlia", request_timeout=1.0, identity=client_identity,
+            options={"transport": {"listen": "127.0.0.1:0"},
+                     "overlay": {"bootstrap": [first]},
+                     "store": {"backing": client_backing},
+                     "replication": {"hysteresis": 5.0, "anti_entropy": 1.0}})
+        async with open_node(client_config) as client:
+            await trio.sleep(2.0)
+            stop = trio.Event()
+
+            async def publisher(number: int) -> None:
+                author = Identity.from_seed(bytes([number + 40]) * 32)
+                agent = await Agent.open(client, identity=author)
+                command = await agent.next_command()
+                n = 0
+                while not stop.is_set():
+                    key = keys[n % len(keys)]
+                    try:
+                        event = await agent.publish(key, b"%d:%d" % (number, command),
+                                                    command=command, deadline=5.0)
+                    except ketten.KettenError:
+                        await trio.sleep(0.2)  # same command again: applied at most once
+                        continue
+                    acked.append((key, event.seq, event.hash))
+                    command = await agent.next_command()
+                    n += 1
+
+            async def brokers(key: bytes) -> list[Process]:
+                config = await client.configuration(key)
+                assert config is not None
+                return [by_key[m.key] for m in config.voters if m.key in by_key]
+
+            async with trio.open_nursery() as nursery:
+                for number in range(3):
+                    nursery.start_soon(publisher, number)
+                await trio.sleep(3.0)
+                # One broker of each chain dies and comes back.
+                for key in keys:
+                    victim = (await brokers(key))[0]
+                    await trio.to_thread.run_sync(victim.kill)
+                    await trio.sleep(2.0)
+                    await trio.to_thread.run_sync(victim.start)
+                    await trio.sleep(1.0)
+                # A node closer to a key than its brokers joins; the chain moves to it,
+                # and one of the old brokers is killed while it does.
+                old = await brokers(moving)
+                await trio.to_thread.run_sync(processes[5].start)
+                await trio.sleep(3.0)
+                survivor = old[-1]
+                await trio.to_thread.run_sync(survivor.kill)
+                with trio.fail_after(90):
+                    while joiner.public_key not in (
+                            await client.configuration(moving)).voter_keys():  # type: ignore[union-attr]
+                        await trio.sleep(0.5)
+                await trio.to_thread.run_sync(survivor.start)
+                await trio.sleep(3.0)
+                stop.set()
+            assert len(acked) > 30
+            # Every acknowledged event is read back through the client.
+            for key in keys:
+                with trio.fail_after(30):
+                    events = await client.read(key)
+                hashes = [e.hash for e in events]
+                for acked_key, seq, digest in acked:
+                    if acked_key == key:
+                        assert seq < len(hashes) and hashes[seq] == digest, (key.hex(), seq)
+    finally:
+        for process in processes:
+            if process.popen is not None:
+                await trio.to_thread.run_sync(process.stop)
+    # And it is held by a majority of its chain's final configuration, on disk.
+    chains: dict[int, dict[bytes, list[bytes]]] = {}
+    states: dict[int, dict[bytes, ChainState]] = {}
+    stores: list[tuple[int, ketten.interfaces.Store]] = [
+        (p.index, SqliteStore(path=str(p.data))) for p in processes]
+    stores.append((-1, MemoryStore(backing=client_backing)))
+    for index, store in stores:
+        await store.open()
+        try:
+            chains[index] = {k: [e.hash for e in await store.range(k)] for k in keys}
+            states[index] = {}
+            for k in keys:
+                raw = await store.get_cursor("ketten/chain/" + k.hex())
+                if raw is not None:
+                    states[index][k] = ChainState.decode(raw)
+        finally:
+            await store.aclose()
+    for key in keys:
+        config = max((s[key].config for s in states.values() if key in s and s[key].config),
+                     key=lambda c: c.epoch)  # type: ignore[union-attr]
+        assert config is not None
+        voters = [index_of[m.key] for m in config.voters]
+        for acked_key, seq, digest in acked:
+            if acked_key != key:
+                continue
+            holders = [v for v in voters
+                       if len(chains[v][key]) > seq and chains[v][key][seq] == digest]
+            assert len(holders) >= majority(len(voters)), (key.hex()[:12], seq, holders)
+    final = max((s[moving].config for s in states.values() if moving in s),
+                key=lambda c: c.epoch if c else 0)
+    assert final is not None and joiner.public_key in final.voter_keys()
