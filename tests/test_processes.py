@@ -11,7 +11,6 @@ through the client must return it.
 from __future__ import annotations
 
 import json
-import os
 import random
 import signal
 import socket
@@ -62,12 +61,13 @@ class Process:
         config = self.root / f"node{self.index}.json"
         config.write_text(json.dumps({"options": {"replication": {
             "hysteresis": 5.0, "anti_entropy": 1.0}}}))
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", "ketten._cli", "serve", "--config", str(config),
-             "--data", str(self.data), "--key", str(key), "--listen", self.address,
-             "--bootstrap", self.bootstrap, "--request-timeout", "1.0",
-             "--log-level", "INFO"],
-            stdout=subprocess.PIPE, stderr=open(self.root / f"node{self.index}.log", "ab"))
+        with open(self.root / f"node{self.index}.log", "ab") as log:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", "ketten._cli", "serve", "--config", str(config),
+                 "--data", str(self.data), "--key", str(key), "--listen", self.address,
+                 "--bootstrap", self.bootstrap, "--request-timeout", "1.0",
+                 "--log-level", "INFO"],
+                stdout=subprocess.PIPE, stderr=log)
         assert self.popen.stdout is not None
         line = self.popen.stdout.readline().decode()
         assert "serving at" in line, line

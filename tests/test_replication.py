@@ -510,3 +510,41 @@ async def test_a_criterion_started_twice_is_settled_on_the_lower_genesis(autojum
         assert any(orphaned and orphaned[0] == loser.payload and head is None
                    for _, orphaned, head in recorder.resolved)
         assert sum(n.replication_statistics().chains_yielded for n in c.nodes.values()) >= 1
+
+
+# -- operator recovery ------------------------------------------------------------------
+
+
+async def test_operator_recovery_restarts_a_chain_that_lost_its_majority(
+        plugins, autojump_clock) -> None:
+    async with cluster(plugins, 6, options={"replication": {"allow_recovery": True}}) as c:
+        key = criterion_key("recover me")
+        publisher = c.others(key)[0]
+        events = [await c.nodes[publisher].publish(key, b"%d" % i) for i in range(5)]
+        await c.settle(key)
+        brokers = c.brokers(key)
+        survivor = brokers[0]
+        for gone in brokers[1:]:
+            await c.stop(gone)  # for good
+        with pytest.raises((QuorumUnavailable, PublishOutcomeUnknown)):
+            await c.nodes[publisher].publish(key, b"refused", deadline=3.0)
+        before = await c.nodes[survivor].configuration(key)
+        with pytest.raises(UsageError, match="confirm"):
+            await c.nodes[survivor].recover(key, confirm="yes")
+        config = await c.nodes[survivor].recover(key, confirm="may lose acknowledged events")
+        assert before is not None and config.epoch == before.epoch + 1
+        assert c.identity(survivor).public_key in config.voter_keys()
+        assert len(config.voters) == 3
+        after = await c.nodes[publisher].publish(key, b"after recovery", deadline=10.0)
+        chain = await c.nodes[publisher].read(key)
+        assert chain[:5] == events and chain[-1] == after
+        assert c.nodes[survivor].replication_statistics().recoveries == 1
+
+
+async def test_operator_recovery_is_off_by_default(plugins, autojump_clock) -> None:
+    async with cluster(plugins, 4) as c:
+        key = criterion_key("no recovery")
+        await c.nodes[0].publish(key, b"x")
+        broker = c.brokers(key)[0]
+        with pytest.raises(UsageError, match="allow_recovery"):
+            await c.nodes[broker].recover(key, confirm="may lose acknowledged events")

@@ -562,6 +562,23 @@ class Node:
             return None
         return None if isinstance(found, Creation) else found.config
 
+    async def recover(self, criterion: bytes | str, *, confirm: str) -> ChainConfig:
+        """Operator recovery of a chain whose configuration lost its majority for good.
+
+        Off by default: the ``replication`` option ``allow_recovery`` must be
+        true on this node, and ``confirm`` must be ``"may lose acknowledged
+        events"``. Like Kafka's unclean leader election it gives up what the
+        lost brokers held beyond the longest surviving copy, which this node
+        must hold. The chain gets a new epoch: its surviving members plus the
+        nodes the overlay names, led by this node. Logged at WARNING and
+        counted in :meth:`replication_statistics`. Returns the new
+        configuration. Raises :class:`~ketten.errors.UsageError` when not
+        allowed, not confirmed, or another member holds a longer copy.
+        """
+        if confirm != "may lose acknowledged events":
+            raise UsageError('recovery must be confirmed: confirm="may lose acknowledged events"')
+        return await self._replicator.recover(self._key(criterion))
+
     # -- subscriptions -----------------------------------------------------
 
     def _make_feed(self, keys: tuple[bytes, ...], sid: bytes, delivery: str | None,

@@ -162,8 +162,8 @@ class Publisher:
                 if reply is not None and reply.route is not None:
                     self.sets.learn(criterion, reply.route)
                 elif reply is not None and reply.epoch:
-                    known = self.sets.cached(criterion)
-                    if known is not None and known.config.epoch < reply.epoch:
+                    cached = self.sets.cached(criterion)
+                    if cached is not None and cached.config.epoch < reply.epoch:
                         self.sets.forget(criterion)  # the chain moved: ask again next time
                 attempt.answered(action.target, reply, event, trio.current_time())
 

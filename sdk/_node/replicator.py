@@ -38,6 +38,7 @@ from .._core.messages import (
     Digest,
     DigestReply,
     Fetch,
+    Locate,
     Route,
     Vote,
     VoteItem,
@@ -58,6 +59,7 @@ from ..errors import (
     InvalidEvent,
     KettenError,
     StoreError,
+    UsageError,
 )
 from ..interfaces import Peer
 from .local_chains import LocalChains
@@ -94,12 +96,14 @@ class ReplicationOptions:
     """How often commit marks are written."""
     catch_up_limit: float = 120.0
     """How long new members may take to catch up before a move is tried again."""
+    allow_recovery: bool = False
+    """Permit :meth:`ketten.Node.recover` (it can lose acknowledged events)."""
     request_timeout: float = 5.0
     batch_bytes: int = 1 << 20
     time: Callable[[], int] | None = None
 
     KNOWN = frozenset({"anti_entropy", "hysteresis", "election_timeout", "commit_flush",
-                       "catch_up_limit", "time"})
+                       "catch_up_limit", "allow_recovery", "time"})
 
     @classmethod
     def parse(cls, options: Mapping[str, Any], *, request_timeout: float,
@@ -112,12 +116,16 @@ class ReplicationOptions:
         clock = options.get("time")
         if clock is not None and not callable(clock):
             raise ConfigError("replication option 'time' must be a callable returning ms")
+        allow = options.get("allow_recovery", False)
+        if type(allow) is not bool:
+            raise ConfigError("replication option 'allow_recovery' must be true or false")
         return cls(
             anti_entropy=_positive(options, "anti_entropy", 2.0),
             hysteresis=_positive(options, "hysteresis", 30.0),
             election_timeout=_positive(options, "election_timeout", 3 * request_timeout),
             commit_flush=_positive(options, "commit_flush", 1.0),
             catch_up_limit=_positive(options, "catch_up_limit", 120.0),
+            allow_recovery=allow,
             request_timeout=request_timeout,
             batch_bytes=batch_bytes,
             time=clock,
@@ -144,6 +152,8 @@ class ReplicationStatistics:
     chains_yielded: int
     """Chains given up because the same criterion had been started twice (on two sides
     of a partition) and the other chain won."""
+    recoveries: int
+    """Operator recoveries run here (:meth:`ketten.Node.recover`)."""
     state_writes: int
     lookups: int
 
@@ -188,7 +198,7 @@ class Replicator:
         self._counts = dict.fromkeys(
             ("elections_won", "elections_lost", "appends_sent", "append_requests",
              "events_synced", "forks_resolved", "reconfigurations", "anti_entropy_rounds",
-             "digests_sent", "peer_failures", "chains_yielded"), 0)
+             "digests_sent", "peer_failures", "chains_yielded", "recoveries"), 0)
         self.rpc.serve(Append, self._serve_append)
         self.rpc.serve(Vote, self._serve_vote)
         self.rpc.serve(Digest, self._serve_digest)
@@ -800,6 +810,100 @@ class Replicator:
         if await self.campaign(criterion):
             return self._replicas.get(criterion)
         return await self.route(criterion)
+
+    # -- operator recovery -------------------------------------------------------------
+
+    async def recover(self, criterion: bytes) -> ChainConfig:
+        """Start a new epoch of a chain whose configuration lost its majority for good.
+
+        Like Kafka's unclean leader election: events acknowledged by brokers
+        that are gone, beyond what the longest surviving copy holds, are lost.
+        Asks every member it can reach for its copy; this node must hold the
+        longest. The new configuration keeps the surviving members and fills
+        up with the nodes the overlay names; this node leads it at once, in a
+        term above every term it learned of. Raises
+        :class:`~ketten.errors.UsageError` when recovery is not allowed or
+        this node does not hold the longest copy.
+        """
+        if not self.options.allow_recovery:
+            raise UsageError("operator recovery is off: set the replication option "
+                             "'allow_recovery' to true on this node (it can lose acknowledged "
+                             "events)")
+        replica = await self.replica(criterion)
+        if replica is None or replica.config is None:
+            raise UsageError(f"this node holds no replica of chain {criterion.hex()[:16]}")
+        own = self.own()
+        config = replica.config
+        survivors: dict[bytes, Member] = {own.key: own}
+        best_term = replica.term
+        best_head = replica.head
+        longer: tuple[Member, int] | None = None
+        for member in config.members():
+            if member.key == own.key:
+                continue
+            try:
+                peer, reply = await self.rpc.call(self.sets.address(member),
+                                                  Locate((criterion,)),
+                                                  timeout=self.options.request_timeout,
+                                                  retransmit=True)
+            except KettenError:
+                continue
+            route = reply.routes[0] if reply.routes else None
+            if route is None or peer.public_key != member.key:
+                continue
+            survivors[member.key] = member
+            best_term = max(best_term, route.term)
+            try:
+                _, fetched = await self.rpc.call(
+                    self.sets.address(member),
+                    Fetch(criterion, best_head, 1, False),
+                    timeout=self.options.request_timeout, retransmit=True)
+            except KettenError:
+                continue
+            if fetched.on and fetched.events:
+                longer = (member, fetched.commit[0] if fetched.commit else -1)
+        if longer is not None:
+            raise UsageError(f"{longer[0].address} holds a longer copy of chain "
+                             f"{criterion.hex()[:16]}: recover there")
+        # Fill up with the nodes nearest to the key that answer now.
+        voters = list(survivors.values())
+        for member in await self.sets.candidates(criterion, 3 * len(config.voters)):
+            if len(voters) >= len(config.voters):
+                break
+            if member.key in survivors:
+                continue
+            try:
+                peer, _ = await self.rpc.call(self.sets.address(member), Locate((criterion,)),
+                                              timeout=self.options.request_timeout,
+                                              retransmit=True)
+            except KettenError:
+                continue
+            if peer.public_key == member.key:
+                voters.append(member)
+        async with self.chains.lock(criterion):
+            head = replica.head
+            new = ChainConfig(config.epoch + 1, voters, (), -1 if head is None else head[0],
+                              best_term + 1)
+            replica.state = attrs.evolve(replica.state, term=best_term + 1,
+                                         voted_for=own.key, configs=(new,))
+            replica.role = Role.CANDIDATE
+            replica.votes = {own.key}
+            replica.voting = True
+            replica.asked = best_term + 1
+            replica.pre = False
+            replica.become_leader(self._now())
+            await self._save(replica)
+        self._counts["recoveries"] += 1
+        _log.warning(
+            "%s: operator recovery of chain %s: epoch %d from this copy (head seq %s) in term "
+            "%d, voters %s; events acknowledged by lost brokers beyond this copy are lost",
+            own.address, criterion.hex()[:16], new.epoch, None if head is None else head[0],
+            best_term + 1, ", ".join(m.address for m in voters))
+        self._reconfigs.pop(criterion, None)
+        self._mark(replica)
+        await self._advance(replica)
+        self._signal(criterion)
+        return new
 
     # -- leading: the senders ------------------------------------------------------------
 

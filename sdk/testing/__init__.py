@@ -2,7 +2,8 @@
 
 Conformance suites in the style of ``trio.testing.check_two_way_stream``:
 call them from your own tests with a factory for your plugin
-(:func:`check_store`, :func:`check_clock`, :func:`check_overlay`).
+(:func:`check_store`, :func:`check_clock`, :func:`check_overlay`,
+:func:`check_transport`, :func:`check_delivery`).
 Clusters of nodes in one process on the simulated network or on loopback
 TCP (:func:`open_cluster`), deterministic runs (:func:`deterministic`), the
 fault simulation with its Jepsen-style checker (:func:`run_simulation`) and
@@ -12,8 +13,10 @@ pytest fixtures (``pytest_plugins = ["ketten.testing.fixtures"]``).
 from __future__ import annotations
 
 from ._check_clock import check_clock
+from ._check_delivery import DeliveryFactory, check_delivery
 from ._check_overlay import OverlayFactory, check_overlay
 from ._check_store import check_store
+from ._check_transport import TransportFactory, check_transport
 from ._cluster import Cluster, deterministic, deterministic_identity, open_cluster
 from ._jepsen import (
     CheckResult,
@@ -32,6 +35,7 @@ __all__ = [
     "FAMILIES",
     "CheckResult",
     "Cluster",
+    "DeliveryFactory",
     "FaultRecord",
     "ForkRecord",
     "History",
@@ -41,10 +45,13 @@ __all__ = [
     "SimConfig",
     "SimResult",
     "Snapshot",
+    "TransportFactory",
     "check",
     "check_clock",
+    "check_delivery",
     "check_overlay",
     "check_store",
+    "check_transport",
     "deterministic",
     "deterministic_identity",
     "final_config",
