@@ -21,6 +21,7 @@ from ketten._core.messages import (
     AppendAck,
     AppendItem,
     CommitQuery,
+    CommitReply,
     Digest,
     Fetch,
     Locate,
@@ -33,6 +34,7 @@ from ketten._core.messages import (
     VoteItem,
 )
 from ketten._core.publish import PublishAttempt, Step, Verdict, backoff_delay, judge_offer
+from ketten._core.read import ReadAttempt, ReadStep
 from ketten._core.reconfig import Change, Reconfiguration
 
 KEY = criterion_key("cores")
@@ -201,6 +203,86 @@ def test_a_redirect_follows_the_route_and_a_creation_goes_to_the_first_member() 
         action = attempt.next(action.until)
     assert action.target is not None and action.target.key == KEYS[1]
     assert action.item is not None and action.item.create is None
+
+
+# -- a read's search for the leader -------------------------------------------------
+
+
+def settle(attempt: ReadAttempt, now: float) -> tuple[object, float]:
+    action = attempt.next(now)
+    while action.step is ReadStep.WAIT:
+        assert action.until > now
+        now = action.until
+        action = attempt.next(now)
+    return action, now
+
+
+def test_a_read_asks_the_leader_and_ends_with_its_commit() -> None:
+    attempt = ReadAttempt(KEY, 10.0, random.Random(1))
+    assert attempt.next(0.0).step is ReadStep.ROUTE
+    attempt.routed(route(), 0.0)
+    ask = attempt.next(0.0)
+    assert ask.step is ReadStep.ASK and ask.target == MEMBERS[0] and not ask.urge
+    attempt.answered(MEMBERS[0], CommitReply("commit", commit=(4, b"h" * 32)), 0.1)
+    done = attempt.next(0.1)
+    assert done.step is ReadStep.DONE and done.commit == (4, b"h" * 32)
+    assert done.source == MEMBERS[0]
+
+
+def test_a_read_of_a_chain_nobody_created_is_empty() -> None:
+    attempt = ReadAttempt(KEY, 10.0, random.Random(1))
+    attempt.routed(None, 0.0, absent=True)
+    done = attempt.next(0.0)
+    assert done.step is ReadStep.DONE and done.commit is None and done.source is None
+
+
+def test_redirects_back_to_the_asked_broker_back_off_and_urge() -> None:
+    attempt = ReadAttempt(KEY, 10.0, random.Random(3))
+    attempt.routed(route(leader=KEYS[1]), 0.0)
+    now = 0.0
+    asked = 0
+    while True:
+        action, now = settle(attempt, now)
+        if action.step is not ReadStep.ASK:
+            break
+        asked += 1
+        # Every broker claims the one asked is the leader: a stale, circular view.
+        attempt.answered(action.target, CommitReply("redirect", route=route(leader=action.target.key)), now)
+        assert attempt.next(now).step is ReadStep.WAIT
+    assert action.step is ReadStep.FAIL and "does not lead" in action.message
+    # Backoff bounds the queries: far fewer than one per millisecond of the deadline.
+    assert 5 < asked < 100
+
+
+def test_a_silent_leader_is_passed_over_for_an_urged_member() -> None:
+    attempt = ReadAttempt(KEY, 10.0, random.Random(2))
+    attempt.routed(route(), 0.0)
+    first = attempt.next(0.0)
+    attempt.answered(first.target, None, 1.0)
+    action, _ = settle(attempt, 1.0)
+    assert action.step is ReadStep.ASK and action.urge and action.target != MEMBERS[0]
+
+
+def test_an_absent_answer_refreshes_the_route() -> None:
+    attempt = ReadAttempt(KEY, 10.0, random.Random(2))
+    attempt.routed(route(), 0.0)
+    attempt.answered(MEMBERS[0], CommitReply("absent"), 0.5)
+    action, _ = settle(attempt, 0.5)
+    assert action.step is ReadStep.ROUTE and action.refresh
+
+
+def test_a_route_error_retries_until_the_deadline() -> None:
+    attempt = ReadAttempt(KEY, 1.0, random.Random(2))
+    now = 0.0
+    routes = 0
+    while True:
+        action, now = settle(attempt, now)
+        if action.step is not ReadStep.ROUTE:
+            break
+        routes += 1
+        attempt.routed(None, now, error="lookup failed")
+    assert action.step is ReadStep.FAIL and action.message == "lookup failed"
+    assert routes >= 2
 
 
 # -- moving chains ----------------------------------------------------------------

@@ -498,9 +498,15 @@ async def test_a_criterion_started_twice_is_settled_on_the_lower_genesis(autojum
         with trio.fail_after(120):
             while True:
                 await trio.sleep(1.0)
-                geneses = {(await c.nodes[i].store.range(key, 0, 1) or [None])[0]
-                           for i in c.nodes if await c.nodes[i].configuration(key) is not None}
-                if geneses == {winner}:
+                # Every copy starts with the winner (a loser outside the final
+                # configuration keeps no copy), and every member holds one.
+                firsts = {i: (await c.nodes[i].store.range(key, 0, 1) or [None])[0]
+                          for i in c.nodes}
+                config = await c.nodes[3].configuration(key)
+                members = {m.address for m in config.members()} if config else set()
+                if (set(firsts.values()) - {None} == {winner}
+                        and all(firsts[i] == winner for i in c.nodes
+                                if c.nodes[i].address in members)):
                     break
         after = await c.nodes[3].publish(key, b"after the heal")
         chain = await c.settle(key, 60.0)

@@ -23,7 +23,8 @@ from .._core.chain import Chain, Verify
 from .._core.event import Event
 from .._core.identity import Identity, criterion_key
 from .._core.membership import ChainConfig, Member, Pos
-from .._core.messages import CommitQuery
+from .._core.messages import CommitQuery, CommitReply
+from .._core.read import ReadAttempt, ReadStep
 from ..errors import (
     InternalError,
     KettenError,
@@ -363,7 +364,7 @@ class Node:
 
     # -- reading -----------------------------------------------------------------
 
-    async def sync(self, criterion: bytes | str, *, deadline: float | None = None) -> Event | None:
+    async def sync(self, criterion: bytes | str, *, deadline: float = 10.0) -> Event | None:
         """Bring the local copy of ``criterion`` up to the chain's committed head.
 
         Asks the chain's leader for its commit position (confirmed by a
@@ -374,8 +375,7 @@ class Node:
         commit position in time.
         """
         key = self._key(criterion)
-        limit = self.config.request_timeout * 2 if deadline is None else deadline
-        commit, source = await self._committed_head(key, trio.current_time() + limit)
+        commit, source = await self._committed_head(key, trio.current_time() + deadline)
         if commit is not None:
             events = await self._read_committed(key, commit, source, commit[0])
             if events:
@@ -383,54 +383,50 @@ class Node:
         return await self._chains.head(key)
 
     async def _committed_head(self, key: bytes, until: float) -> tuple[Pos | None, Member | None]:
-        """The leader's confirmed commit position and a member that holds it."""
-        urge = False
-        last_error = "no broker answered"
-        tried: set[bytes] = set()
-        while trio.current_time() < until:
-            try:
-                found = await self._sets.route(key, refresh=urge)
-            except KettenError as exc:
-                last_error = str(exc)
-                await trio.sleep(min(0.2, max(0.0, until - trio.current_time())))
-                continue
-            if isinstance(found, Creation):
-                return None, None
-            members = list(found.config.members())
-            leader = next((m for m in members if m.key == found.leader), None)
-            target = leader if leader is not None and not urge else None
-            if target is None:
-                fresh = [m for m in members if m.key not in tried] or members
-                target = fresh[self._rng.randrange(len(fresh))]
-            tried.add(target.key)
-            if target.key == self.identity.public_key:
-                reply = await self._broker.commit(key, urge=urge)
-            else:
+        """The leader's confirmed commit position and a member that holds it.
+
+        Drives a :class:`ReadAttempt`: it decides whom to ask and when.
+        """
+        attempt = ReadAttempt(key, until, self._rng)
+        while True:
+            action = attempt.next(trio.current_time())
+            if action.step is ReadStep.DONE:
+                return action.commit, action.source
+            if action.step is ReadStep.FAIL:
+                raise QuorumUnavailable(f"no leader of criterion {key.hex()[:16]} confirmed a "
+                                        f"commit position in time ({action.message})")
+            if action.step is ReadStep.WAIT:
+                await trio.sleep_until(action.until)
+            elif action.step is ReadStep.ROUTE:
                 try:
-                    with trio.fail_after(max(0.01, until - trio.current_time())):
-                        _, reply = await self._rpc.call(self._sets.address(target),
-                                                        CommitQuery(key, urge), retransmit=True)
-                except (KettenError, trio.TooSlowError) as exc:
-                    last_error = f"{target.address}: {exc}"
-                    urge = True
-                    continue
-            if reply.kind == "commit":
-                return reply.commit, target
-            if reply.kind == "redirect" and reply.route is not None:
-                self._sets.learn(key, reply.route)
-                urge = reply.route.leader is None or reply.route.leader == target.key
-                if urge:
-                    await trio.sleep(self._rng.random() * 0.05)
-                continue
-            if reply.kind == "absent":
-                urge = True
-                last_error = f"{target.address} holds no such chain"
-                continue
-            last_error = reply.message or "busy"
-            urge = True
-            await trio.sleep(self._rng.random() * 0.1)
-        raise QuorumUnavailable(f"no leader of criterion {key.hex()[:16]} confirmed a commit "
-                                f"position in time ({last_error})")
+                    found = await self._sets.route(key, refresh=action.refresh)
+                except KettenError as exc:
+                    attempt.routed(None, trio.current_time(), error=str(exc))
+                else:
+                    attempt.routed(None if isinstance(found, Creation) else found,
+                                   trio.current_time(), absent=isinstance(found, Creation))
+            else:
+                assert action.target is not None
+                reply = await self._ask_commit(key, action.target, action.urge, until)
+                if reply is not None and reply.route is not None:
+                    self._sets.learn(key, reply.route)
+                attempt.answered(action.target, reply, trio.current_time())
+
+    async def _ask_commit(self, key: bytes, target: Member, urge: bool,
+                          until: float) -> CommitReply | None:
+        if target.key == self.identity.public_key:
+            try:
+                return await self._broker.commit(key, urge=urge)
+            except KettenError:
+                return None
+        with trio.move_on_after(max(0.01, until - trio.current_time())):
+            try:
+                _, reply = await self._rpc.call(self._sets.address(target),
+                                                CommitQuery(key, urge), retransmit=True)
+            except KettenError:
+                return None
+            return reply if isinstance(reply, CommitReply) else None
+        return None
 
     async def _read_committed(self, key: bytes, commit: Pos, source: Member | None,
                               since: int) -> list[Event]:
@@ -478,17 +474,19 @@ class Node:
         raise QuorumUnavailable(f"no broker of criterion {key.hex()[:16]} served its "
                                 f"committed events up to seq {commit[0]}")
 
-    async def read(self, criterion: bytes | str, since: int = 0) -> list[Event]:
+    async def read(self, criterion: bytes | str, since: int = 0, *,
+                   deadline: float = 10.0) -> list[Event]:
         """The committed events of ``criterion`` from seq ``since`` on.
 
         Every event acknowledged to any publisher before the call began is
         included (the leader confirms its commit position with a majority
-        first). Raises :class:`~ketten.errors.QuorumUnavailable` if that
-        could not be done in time.
+        first; a leader is elected if the chain has none). ``deadline`` is
+        how many seconds to keep trying. Raises
+        :class:`~ketten.errors.QuorumUnavailable` if that could not be done
+        in time.
         """
         key = self._key(criterion)
-        commit, source = await self._committed_head(
-            key, trio.current_time() + self.config.request_timeout * 2)
+        commit, source = await self._committed_head(key, trio.current_time() + deadline)
         if commit is None:
             return []
         return await self._read_committed(key, commit, source, since)

@@ -73,13 +73,16 @@ class ReplicaSets:
         return self._lookups
 
     def cached(self, criterion: bytes) -> Route | None:
-        route = self.local(criterion)
-        if route is not None:
-            return route
+        """The best route known without asking anyone: this node's own view of the chain
+        (it holds replication state) or the route it learned, whichever is newer (a
+        broker that was moved out of a chain keeps an old view)."""
+        local = self.local(criterion)
         found = self._routes.get(criterion)
         if found is not None:
             self._routes.move_to_end(criterion)
-        return found
+            if local is None or preference(found) < preference(local):
+                return found
+        return local
 
     def exists(self, criterion: bytes) -> bool:
         """Has this node seen the chain exist (a route, a copy, an answer)?"""
@@ -152,8 +155,8 @@ class ReplicaSets:
                 return known
         else:
             local = self.local(criterion)
-            if local is not None and local.leader is not None:
-                return local
+            if local is not None and local.leader == self.own().key:
+                return local  # this node leads the chain: nobody knows better
         route, answered, asked, held = await self.survey(criterion)
         if route is not None:
             return route
