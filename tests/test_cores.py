@@ -426,3 +426,49 @@ def test_damaged_chain_state_is_a_decode_error() -> None:
     for bad in (b"", b"\x00", good[:-1], good + b"\x00", good.replace(b"\x03", b"\x1b", 1)):
         with pytest.raises(DecodeError):
             ChainState.decode(bad)
+
+
+# -- a leader's outbox to one peer, and patience with chains that should move ---------
+
+
+def test_an_outbox_batches_oldest_first_and_backs_off_a_failing_peer() -> None:
+    from ketten._core.outbox import Outbox
+
+    outbox = Outbox(MEMBERS[1], max_batch=2, base_delay=0.05, max_delay=1.0)
+    for name in (b"a", b"b", b"c", b"a"):
+        outbox.owe(name)
+    assert outbox.delay(0.5) == 0.0
+    # Owing a chain again keeps its place: a busy chain does not starve the others.
+    assert outbox.take() == [b"a", b"b"] and len(outbox) == 1
+    outbox.failed([b"a", b"b"])
+    first = outbox.delay(0.5)
+    outbox.failed([])
+    assert 0 < first < outbox.delay(0.5)
+    for _ in range(20):
+        outbox.failed([])
+    assert outbox.delay(0.999) < 1.5 and outbox.delay(0.0) == 0.5
+    outbox.answered(items=3, refused=3)  # refusing everything is failing
+    assert outbox.failures == 23
+    outbox.answered(items=3, refused=1)
+    assert outbox.failures == 0 and outbox.delay(0.9) == 0.0
+    assert outbox.take() == [b"c", b"a"] and outbox.take() == [b"b"] and not outbox
+
+
+@given(st.lists(st.tuples(st.booleans(), st.floats(0, 5)), max_size=40))
+def test_a_move_is_due_only_after_a_full_period_of_mismatch(steps: list[tuple[bool, float]]) -> None:
+    from ketten._core.watch import MoveWatch
+
+    watch = MoveWatch(hysteresis=3.0)
+    now = 0.0
+    since: float | None = None
+    for mismatched, gap in steps:
+        now += gap
+        if mismatched and since is None:
+            since = now
+        if not mismatched:
+            since = None
+        due = watch.due(KEY, now, mismatched=mismatched)
+        assert due == (since is not None and now - since >= 3.0)
+        if due:
+            watch.stood(KEY, now)
+            since = now

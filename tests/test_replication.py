@@ -276,6 +276,25 @@ async def test_a_deposed_leaders_branch_is_rolled_back_to_orphans(autojump_clock
         assert list(lost_branch.replay()) == [*events[:3], rogue]
 
 
+async def test_a_busy_chain_gets_a_new_leader_within_one_publish_deadline(
+        plugins, autojump_clock) -> None:
+    # The leader falls silent in the middle of a stream of publishes: its followers
+    # heard from it just now, yet the next publish must not fail for that.
+    async with cluster(plugins, 5, request_timeout=5.0) as c:  # the node's default
+        key = criterion_key("busy")
+        publisher = c.others(key)[0]
+        events = [await c.nodes[publisher].publish(key, b"%d" % i) for i in range(20)]
+        leader = next(i for i in c.brokers(key)
+                      if c.nodes[i].replication_statistics().chains_led)
+        c.cut(leader)
+        started = trio.current_time()
+        events.append(await c.nodes[publisher].publish(key, b"after the leader fell silent"))
+        assert trio.current_time() - started < 10.0  # the default publish deadline
+        events.append(await c.nodes[publisher].publish(key, b"and on"))
+        c.heal()
+        assert await c.settle(key) == events
+
+
 # -- idempotent commands ------------------------------------------------------------
 
 

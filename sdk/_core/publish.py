@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from ..errors import DecodeError
 from .event import Event
 from .membership import Member, Pos
 from .messages import Answer, OfferAnswer, OfferItem, Route
@@ -28,6 +29,7 @@ __all__ = [
     "PublishAttempt",
     "Step",
     "Verdict",
+    "answered_event",
     "backoff_delay",
     "judge_offer",
 ]
@@ -72,6 +74,30 @@ def judge_offer(
     if event.seq == head.seq + 1 and event.prev == head.hash:
         return Verdict.APPEND, None
     return Verdict.STALE, head
+
+
+def answered_event(answer: OfferAnswer, item: OfferItem, offered: Event) -> Event:
+    """The event a broker's ``answer`` to ``item`` carries, checked against ``offered``.
+
+    An acknowledgement must name this call's event (or an earlier attempt of
+    it, or the same command of the same author); an acknowledged event of this
+    call must carry this call's content. Raises :class:`DecodeError` naming
+    what was wrong, or :class:`InvalidEvent` for a bad signature.
+    """
+    assert answer.event is not None
+    event = Event.from_bytes(answer.event, max_size=1 << 24)
+    if event.criterion != offered.criterion:
+        raise DecodeError("an event of another criterion", where="offer answer")
+    if answer.kind in (Answer.ACK, Answer.REUSED):
+        same_call = event.hash in (offered.hash, *item.attempts)
+        same_command = (offered.command is not None and event.author == offered.author
+                        and event.command == offered.command)
+        if not (same_call or same_command):
+            raise DecodeError("acknowledged an event of another call", where="offer answer")
+        if answer.kind is Answer.ACK and not same_call and event.payload != offered.payload:
+            raise DecodeError("acknowledged other content", where="offer answer")
+    event.verify()
+    return event
 
 
 def backoff_delay(attempt: int, draw: float, *, base: float = 0.01, cap: float = 1.0) -> float:

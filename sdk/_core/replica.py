@@ -629,6 +629,12 @@ class Replica:
             return None
         return self._evolve(commit=pos)
 
+    def reconfiguring(self) -> bool:
+        """Is a configuration change under way (a joint configuration, or one not yet
+        the only one)?"""
+        config = self.config
+        return config is not None and (config.joint or len(self.state.configs) > 1)
+
     def config_committed(self) -> bool:
         """Is the configuration in force acknowledged by a quorum of itself?"""
         config = self.config

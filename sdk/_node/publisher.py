@@ -22,7 +22,7 @@ from .._core.event import Event
 from .._core.identity import Identity
 from .._core.membership import Member, Pos
 from .._core.messages import MAX_BATCH, Answer, Offer, OfferAnswer, OfferItem
-from .._core.publish import PublishAttempt, Step
+from .._core.publish import PublishAttempt, Step, answered_event
 from ..errors import (
     BrokenLink,
     CommandIdReused,
@@ -207,18 +207,7 @@ class Publisher:
         if answer is None or answer.event is None or offered is None:
             return answer, None
         try:
-            event = Event.from_bytes(answer.event, max_size=1 << 24)
-            if event.criterion != offered.criterion:
-                raise DecodeError("an event of another criterion", where="offer answer")
-            if answer.kind in (Answer.ACK, Answer.REUSED):
-                same_call = event.hash in (offered.hash, *item.attempts)
-                same_command = (offered.command is not None and event.author == offered.author
-                                and event.command == offered.command)
-                if not (same_call or same_command):
-                    raise DecodeError("acknowledged an event of another call", where="offer answer")
-                if answer.kind is Answer.ACK and not same_call and event.payload != offered.payload:
-                    raise DecodeError("acknowledged other content", where="offer answer")
-            event.verify()
+            event = answered_event(answer, item, offered)
         except (DecodeError, InvalidEvent):
             return None, None
         self.observe(event)

@@ -45,6 +45,7 @@ from .._core.messages import (
     VoteReply,
     VoteResult,
 )
+from .._core.outbox import Outbox
 from .._core.reconfig import Change, Reconfiguration
 from .._core.replica import (
     AckStatus,
@@ -53,6 +54,7 @@ from .._core.replica import (
     Replica,
     Role,
 )
+from .._core.watch import MoveWatch
 from ..errors import (
     ConfigError,
     DecodeError,
@@ -122,7 +124,7 @@ class ReplicationOptions:
         return cls(
             anti_entropy=_positive(options, "anti_entropy", 2.0),
             hysteresis=_positive(options, "hysteresis", 30.0),
-            election_timeout=_positive(options, "election_timeout", 3 * request_timeout),
+            election_timeout=_positive(options, "election_timeout", request_timeout),
             commit_flush=_positive(options, "commit_flush", 1.0),
             catch_up_limit=_positive(options, "catch_up_limit", 120.0),
             allow_recovery=allow,
@@ -159,14 +161,6 @@ class ReplicationStatistics:
 
 
 @attrs.define(eq=False)
-class _Sender:
-    member: Member
-    dirty: OrderedDict[bytes, None] = attrs.field(factory=OrderedDict)
-    running: bool = False
-    failures: int = 0
-
-
-@attrs.define(eq=False)
 class Replicator:
     """The replicas of the chains this node holds, and the tasks that keep them."""
 
@@ -179,13 +173,14 @@ class Replicator:
     _replicas: OrderedDict[bytes, Replica] = attrs.field(factory=OrderedDict, init=False)
     _reconfigs: dict[bytes, Reconfiguration] = attrs.field(factory=dict, init=False)
     _changed: dict[bytes, trio.Event] = attrs.field(factory=dict, init=False)
-    _senders: dict[bytes, _Sender] = attrs.field(factory=dict, init=False)
+    _outboxes: dict[bytes, Outbox] = attrs.field(factory=dict, init=False)
+    _sending: set[bytes] = attrs.field(factory=set, init=False)
     _campaigns: dict[bytes, trio.Event] = attrs.field(factory=dict, init=False)
     _creations: dict[bytes, trio.Event] = attrs.field(factory=dict, init=False)
     _dirty_states: dict[bytes, None] = attrs.field(factory=dict, init=False)
     _members: dict[bytes, frozenset[bytes]] = attrs.field(factory=dict, init=False)
     """Voters of every chain this node holds state of (for background rounds)."""
-    _mismatch: dict[bytes, float] = attrs.field(factory=dict, init=False)
+    _watch_moves: MoveWatch = attrs.field(init=False)
     _committed: list[Callable[[bytes, Pos], None]] = attrs.field(factory=list, init=False)
     _learner_members: dict[bytes, Member] = attrs.field(factory=dict, init=False)
     _repairs: dict[bytes, float] = attrs.field(factory=dict, init=False)
@@ -195,6 +190,7 @@ class Replicator:
     _counts: dict[str, int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
+        self._watch_moves = MoveWatch(self.options.hysteresis)
         self._counts = dict.fromkeys(
             ("elections_won", "elections_lost", "appends_sent", "append_requests",
              "events_synced", "forks_resolved", "reconfigurations", "anti_entropy_rounds",
@@ -287,6 +283,7 @@ class Replicator:
             self._genesis.pop(criterion, None)
             await self.chains.save_state(criterion, ChainState())
             self._members.pop(criterion, None)
+            self._watch_moves.forget(criterion)
             self._reconfigs.pop(criterion, None)
         self._counts["chains_yielded"] += 1
         _log.warning("%s: criterion %s was started twice, on two sides of a partition; this "
@@ -353,6 +350,7 @@ class Replicator:
         config = state.config
         if config is None:
             self._members.pop(criterion, None)
+            self._watch_moves.forget(criterion)
         else:
             self._members[criterion] = config.keys()
 
@@ -716,6 +714,7 @@ class Replicator:
         if fresh and self._replicas.get(criterion) is replica and replica.head is None:
             del self._replicas[criterion]
             self._members.pop(criterion, None)
+            self._watch_moves.forget(criterion)
 
     async def _ask(self, replica: Replica, members: list[Member], item: VoteItem) -> None:
         """Ask ``members`` for votes; stop once the outcome is clear."""
@@ -914,49 +913,39 @@ class Replicator:
         config = replica.config
         addresses = {m.key: m for m in config.members()} if config is not None else {}
         for key in replica.members_to_send():
-            member = addresses.get(key)
-            sender = self._senders.get(key)
-            if sender is None:
-                if member is None:
-                    member = self._learner_members.get(key)
+            member = addresses.get(key) or self._learner_members.get(key)
+            outbox = self._outboxes.get(key)
+            if outbox is None:
                 if member is None:
                     continue
-                sender = self._senders[key] = _Sender(member)
+                outbox = self._outboxes[key] = Outbox(member, MAX_BATCH,
+                                                      max_delay=self.options.request_timeout)
             elif member is not None:
-                sender.member = member
-            sender.dirty[replica.criterion] = None
-            if not sender.running and self._nursery is not None:
-                sender.running = True
+                outbox.member = member
+            outbox.owe(replica.criterion)
+            if key not in self._sending and self._nursery is not None:
+                self._sending.add(key)
                 self._spawn(self._send_loop, key)
 
     async def _send_loop(self, key: bytes) -> None:
-        sender = self._senders[key]
+        outbox = self._outboxes[key]
         try:
-            while sender.dirty:
-                if sender.failures:
-                    delay = min(self.options.request_timeout,
-                                0.05 * 2 ** min(sender.failures, 8))
-                    await trio.sleep(delay * (0.5 + self.rng.random()))
-                await self._send_batch(key, sender)
+            while outbox:
+                await trio.sleep(outbox.delay(self.rng.random()))
+                await self._send_batch(key, outbox)
         finally:
-            sender.running = False
-            if not sender.dirty and self._senders.get(key) is sender:
-                del self._senders[key]
+            self._sending.discard(key)
+            if not outbox and self._outboxes.get(key) is outbox:
+                del self._outboxes[key]
 
-    async def _send_batch(self, key: bytes, sender: _Sender) -> None:
-        chosen: list[bytes] = []
-        while sender.dirty and len(chosen) < MAX_BATCH:
-            criterion, _ = sender.dirty.popitem(last=False)
-            chosen.append(criterion)
+    async def _send_batch(self, key: bytes, outbox: Outbox) -> None:
         budget = self.options.batch_bytes
         items: list[AppendItem] = []
         plans: list[tuple[Replica, AppendPlan]] = []
-        for criterion in chosen:
+        for criterion in outbox.take():
             replica = self._replicas.get(criterion)
-            if replica is None or not replica.is_leader:
-                continue
-            plan = replica.plan(key)
-            if plan is None:
+            plan = replica.plan(key) if replica is not None and replica.is_leader else None
+            if replica is None or plan is None:
                 continue
             built = await self._build(replica, plan, max(budget, 1))
             if built is None:
@@ -971,31 +960,23 @@ class Replicator:
         self._counts["append_requests"] += 1
         self._counts["appends_sent"] += sum(len(i.events) for i in items)
         try:
-            _, reply = await self.rpc.call(self.sets.address(sender.member), Append(tuple(items)),
+            _, reply = await self.rpc.call(self.sets.address(outbox.member), Append(tuple(items)),
                                            timeout=self.options.request_timeout, retransmit=True)
         except KettenError as exc:
-            _log.debug("append to %s failed: %s", sender.member.address, exc)
+            _log.debug("append to %s failed: %s", outbox.member.address, exc)
             self._counts["peer_failures"] += 1
-            sender.failures += 1
             for replica, _plan in plans:
                 replica.send_failed(key)
-                if replica.is_leader:
-                    sender.dirty[replica.criterion] = None
+            outbox.failed([r.criterion for r, _ in plans if r.is_leader])
             return
         acks = {a.criterion: a for a in reply.acks}
-        refused = 0
         for replica, plan in plans:
-            ack = acks.get(replica.criterion)
-            if ack is None or ack.status == "refused":
-                refused += 1
-            if ack is None:
-                replica.send_failed(key)
-            else:
-                await self._take_ack(replica, key, plan, ack)
+            await self._take_ack(replica, key, plan, acks.get(replica.criterion))
             if replica.is_leader and replica.plan(key) is not None:
-                sender.dirty[replica.criterion] = None
-        # A peer that refuses everything is retried with backoff, like one that fails.
-        sender.failures = sender.failures + 1 if refused == len(plans) else 0
+                outbox.owe(replica.criterion)
+        outbox.answered(len(plans), sum(1 for r, _ in plans
+                                        if acks.get(r.criterion) is None
+                                        or acks[r.criterion].status == "refused"))
 
     async def _build(self, replica: Replica, plan: AppendPlan,
                      budget: int) -> tuple[AppendItem, AppendPlan] | None:
@@ -1020,7 +1001,10 @@ class Replicator:
                           configs, await self.genesis(criterion)), plan
 
     async def _take_ack(self, replica: Replica, key: bytes, plan: AppendPlan,
-                        ack: AppendAck) -> None:
+                        ack: AppendAck | None) -> None:
+        if ack is None:
+            replica.send_failed(key)
+            return
         if ack.status == "conflict":
             replica.send_failed(key)
             await self.settle_rival(replica.criterion, ack.genesis, key.hex()[:16])
@@ -1049,8 +1033,7 @@ class Replicator:
             await self._advance(replica)
         if was_leader and replica.is_leader and replica.config is not None:
             reconfig = self._reconfigs.get(replica.criterion)
-            if (reconfig is not None and reconfig.pending) or len(replica.state.configs) > 1 or (
-                    replica.config.joint):
+            if (reconfig is not None and reconfig.pending) or replica.reconfiguring():
                 await self._reconfigure(replica)
         self._signal(replica.criterion)
 
@@ -1176,25 +1159,17 @@ class Replicator:
         moving them: after the hysteresis period, stand for leader (and move them)."""
         own = self.own().key
         for criterion, voters in list(self._members.items()):
-            if own not in voters:
-                self._mismatch.pop(criterion, None)
-                continue
-            desired = frozenset(m.key for m in self.sets.desired(criterion))
             replica = self._replicas.get(criterion)
-            pending = replica is not None and replica.config is not None and (
-                replica.config.joint or len(replica.state.configs) > 1)
-            if desired == voters and not pending:
-                self._mismatch.pop(criterion, None)
-                continue
-            since = self._mismatch.setdefault(criterion, now)
-            if now - since < self.options.hysteresis:
+            mismatched = own in voters and (
+                frozenset(m.key for m in self.sets.desired(criterion)) != voters
+                or (replica is not None and replica.reconfiguring()))
+            if not self._watch_moves.due(criterion, now, mismatched=mismatched):
                 continue
             replica = await self.replica(criterion)
-            if replica is None or replica.is_leader or replica.leader_active(now):
+            if (replica is None or replica.is_leader or replica.leader_active(now)
+                    or criterion in self._campaigns or self._nursery is None):
                 continue
-            if criterion in self._campaigns or self._nursery is None:
-                continue
-            self._mismatch[criterion] = now
+            self._watch_moves.stood(criterion, now)
             self._spawn(self._stand_in, criterion)
 
     async def _stand_in(self, criterion: bytes) -> None:
@@ -1254,11 +1229,15 @@ class Replicator:
         shared = self._shared().get(peer.public_key, [])
         if request.wanted:
             wanted = set(request.wanted)
-            entries = tuple(self._entry(c) for c in shared if c[0] >> 4 in wanted)
+            entries = [self._entry(c) for c in shared if c[0] >> 4 in wanted]
             theirs = {c: (e, k) for c, e, k in request.entries}
-            await self._pull_ahead(peer, [(c, *theirs[c]) for c in theirs
-                                         if c in set(shared)])
-            return DigestReply((), entries)
+            # Chains it believes it shares with us but we do not (it was left out of a
+            # newer configuration, or holds a rival chain): tell it where we stand.
+            mine = set(shared)
+            entries.extend(self._entry(c) for c in list(theirs)[:_BUCKETS * 64]
+                           if c not in mine and c in self._members)
+            await self._pull_ahead(peer, [(c, *theirs[c]) for c in theirs if c in mine])
+            return DigestReply((), tuple(entries))
         return DigestReply(self._buckets(shared))
 
     async def _digests(self) -> None:
@@ -1312,14 +1291,33 @@ class Replicator:
 
     async def _pull_ahead(self, peer: Peer, entries: list[tuple[bytes, int, int]]) -> None:
         """Copy committed events from ``peer`` for every listed chain where it is ahead."""
-        for criterion, _epoch, commit in entries:
+        for criterion, epoch, commit in entries:
             replica = await self.replica(criterion)
             if replica is None:
                 continue
+            if epoch > replica.state.epoch and not replica.is_leader:
+                await self._compare_genesis(peer, criterion)
+                replica = self._replicas.get(criterion)
+                if replica is None:
+                    continue
             mine = -1 if replica.commit is None else replica.commit[0]
             if commit <= mine:
                 continue
             await self.pull_committed(peer.address, criterion)
+
+    async def _compare_genesis(self, peer: Peer, criterion: bytes) -> None:
+        """``peer`` holds ``criterion`` in a newer epoch: if its chain is another
+        instance of the criterion (started twice), settle which one stays."""
+        try:
+            _, reply = await self.rpc.call(peer.address, Locate((criterion,)),
+                                           timeout=self.options.request_timeout,
+                                           retransmit=True)
+        except KettenError:
+            self._counts["peer_failures"] += 1
+            return
+        route = reply.routes[0] if reply.routes else None
+        if route is not None and route.genesis is not None:
+            await self.settle_rival(criterion, route.genesis, peer.address)
 
     async def repair(self, criterion: bytes) -> None:
         """This node's copy of a chain it is a member of is behind: ask the leader to
