@@ -37,8 +37,10 @@ connection, 64).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import math
+import re
 import secrets
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -116,13 +118,31 @@ class TcpStatistics:
     bytes_received: int
 
 
-def parse_address(address: str) -> tuple[str, int]:
-    """``"host:port"`` (``"[v6]:port"``) as ``(host, port)``. Raises :class:`UsageError`."""
+_HOSTNAME = re.compile(r"(?=.{1,253}$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
+                       r"(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
+
+
+def parse_address(address: str, *, listen: bool = False) -> tuple[str, int]:
+    """``"host:port"`` (``"[v6]:port"``) as ``(host, port)``.
+
+    The host must be an IP address or an ASCII host name (peers claim
+    addresses; an unencodable one must not reach the resolver). Port 0 (any
+    free port) only where ``listen``. Raises :class:`UsageError`.
+    """
+    if type(address) is not str or len(address) > 300:
+        raise UsageError(f"not a host:port address: {address!r:.80}")
     host, sep, port_text = address.rpartition(":")
-    if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+    if (not sep or not host or not port_text.isascii() or not port_text.isdigit()
+            or len(port_text) > 5 or not (0 if listen else 1) <= int(port_text) <= 65535):
         raise UsageError(f"not a host:port address: {address!r}")
-    if host.startswith("[") and host.endswith("]"):
+    bracketed = host.startswith("[") and host.endswith("]")
+    if bracketed:
         host = host[1:-1]
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if bracketed or not _HOSTNAME.fullmatch(host):
+            raise UsageError(f"not a host:port address (bad host {host!r}): {address!r}") from None
     return host, int(port_text)
 
 
@@ -179,7 +199,7 @@ class TcpTransport:
     _counts: dict[str, int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        parse_address(self.listen)
+        parse_address(self.listen, listen=True)
         if self.advertise is not None:
             parse_address(self.advertise)
         self._counts = dict.fromkeys(attrs.fields_dict(TcpStatistics), 0)
@@ -202,7 +222,7 @@ class TcpTransport:
         """Listen and answer until cancelled. Raises :class:`ConfigError` if it cannot bind."""
         if self._nursery is not None:
             raise UsageError("this tcp transport is already serving")
-        host, port = parse_address(self.listen)
+        host, port = parse_address(self.listen, listen=True)
         try:
             listeners = await trio.open_tcp_listeners(port, host=host)
         except OSError as exc:
@@ -300,7 +320,7 @@ class TcpTransport:
         try:
             try:
                 stream: trio.abc.Stream = await trio.open_tcp_stream(host, port)
-            except OSError as exc:
+            except (OSError, ValueError) as exc:  # ValueError: the resolver refused the name
                 raise PeerUnreachable(f"cannot connect to {address}: {exc}") from None
             try:
                 peer, decoder = await self._handshake(stream, dialed=address)

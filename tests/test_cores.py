@@ -472,3 +472,30 @@ def test_a_move_is_due_only_after_a_full_period_of_mismatch(steps: list[tuple[bo
         if due:
             watch.stood(KEY, now)
             since = now
+
+
+def _tagged(tag: int, content: bytes) -> bytes:
+    if tag < 24:
+        return bytes([0xC0 | tag]) + content
+    if tag < 0x100:
+        return bytes([0xD8, tag]) + content
+    if tag < 0x10000:
+        return b"\xd9" + tag.to_bytes(2, "big") + content
+    return b"\xda" + tag.to_bytes(4, "big") + content
+
+
+def test_the_wire_decoder_refuses_every_cbor_tag() -> None:
+    # Big integers, shared (and cyclic) references, regular expressions, sets...:
+    # none of our formats uses a tag, so none may turn into an object.
+    from ketten import wire
+
+    for tag in [*range(0x10000), 0x10000, 2**32 - 1]:
+        contents = (b"\x00", b"\x41\x01", b"\x60", b"\x81\x00") if tag < 0x1000 else (b"\x00",)
+        for content in contents:
+            with pytest.raises(DecodeError):
+                wire.loads(_tagged(tag, content), max_size=64, where="test")
+    cyclic = b"\xd8\x1c\x81\xd8\x1d\x00"  # 28([29(0)]): a list that contains itself
+    with pytest.raises(DecodeError, match="tag"):
+        wire.loads(cyclic, max_size=64, where="test")
+    with pytest.raises(DecodeError, match="test"):
+        wire.loads(b"\xa1\x81\x00\x00", max_size=64, where="test")  # a list as a map key

@@ -167,6 +167,12 @@ async def test_unreachable_and_stopped_peers() -> None:
             await a.call(address, "echo", 1)
         with pytest.raises(PeerUnreachable):
             await a.call("not an address", "echo", 1)
+        # Addresses peers claim: unencodable, over-long or out of range, each
+        # refused as unreachable before it reaches the resolver.
+        for claimed in ("\udcff:1", "b\u00fccher.example:1", "a" * 64 + ".example:1",
+                        "x..y:1", "[not-v6]:1", "127.0.0.1:0", "127.0.0.1:70000", "h:\u0661"):
+            with pytest.raises(PeerUnreachable, match="not a host:port address"):
+                await a.call(claimed, "echo", 1)
 
 
 @pytest.mark.parametrize(("theirs", "words"), [

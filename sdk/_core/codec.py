@@ -18,6 +18,24 @@ __all__ = ["MAX_UINT", "dumps", "dumps_wire", "head_size", "loads", "loads_prefi
 MAX_UINT = 2**63 - 1
 _MAX_DEPTH = 32
 
+# No format of ours uses CBOR tags. cbor2 would decode some of them into
+# objects (big integers, shared and cyclic references, regular expressions,
+# decimals, sets); every one is refused instead. These are the tags cbor2
+# decodes itself; any other tag reaches the tag hook, which refuses it too.
+_BUILTIN_TAGS = (0, 1, 2, 3, 4, 5, 25, 28, 29, 30, 35, 36, 37, 52, 54, 100, 256, 258, 260, 261,
+                 1004, 43000, 55799)
+
+
+def _refuse_semantic(decoder: Any) -> Any:
+    raise cbor2.CBORDecodeError("CBOR tags are not allowed")
+
+
+def _refuse_tag(decoder: Any, tag: Any) -> Any:
+    raise cbor2.CBORDecodeError(f"CBOR tag {tag.tag} is not allowed")
+
+
+_NO_TAGS = dict.fromkeys(_BUILTIN_TAGS, _refuse_semantic)
+
 
 def dumps(value: Any) -> bytes:
     """Canonical CBOR (RFC 8949 core deterministic encoding)."""
@@ -34,8 +52,9 @@ def dumps_wire(value: Any) -> bytes:
 def loads(data: bytes, *, max_size: int, where: str) -> Any:
     """Decode one CBOR item from ``data``, rejecting anything malformed.
 
-    Oversized input, trailing bytes, indefinite-length items, nesting deeper
-    than 32 and any decoder failure raise :class:`DecodeError` naming ``where``.
+    Oversized input, trailing bytes, indefinite-length items, tags (big
+    integers, shared references and the rest), map keys other than strings,
+    nesting deeper than 32 and any decoder failure raise :class:`DecodeError` naming ``where``.
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise DecodeError(f"expected bytes, got {type(data).__name__}", where=where)
@@ -49,7 +68,10 @@ def loads(data: bytes, *, max_size: int, where: str) -> Any:
             stream,
             allow_indefinite=False,
             allow_duplicate_keys=False,
+            strict_hashable_types=True,
             max_depth=_MAX_DEPTH,
+            semantic_decoders=_NO_TAGS,
+            tag_hook=_refuse_tag,
         ).decode()
     except Exception as exc:  # cbor2 raises many unrelated types on garbage
         raise DecodeError(f"malformed CBOR ({type(exc).__name__}: {exc})", where=where) from None
@@ -66,7 +88,8 @@ def loads_prefix(data: bytes, *, where: str) -> Any:
     """
     try:
         return cbor2.loads(
-            data, allow_indefinite=False, allow_duplicate_keys=False, max_depth=_MAX_DEPTH
+            data, allow_indefinite=False, allow_duplicate_keys=False, max_depth=_MAX_DEPTH,
+            strict_hashable_types=True, semantic_decoders=_NO_TAGS, tag_hook=_refuse_tag,
         )
     except Exception as exc:  # cbor2 raises many unrelated types on garbage
         raise DecodeError(f"malformed CBOR ({type(exc).__name__}: {exc})", where=where) from None
