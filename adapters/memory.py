@@ -105,8 +105,9 @@ class MemoryNetwork:
                   data: bytes) -> None:
         dst = self._endpoints.get(dst_address)
         if dst is None:
-            if kind == "request":
-                # Like a refused connection: the sender learns it after one hop.
+            if kind == "request" and not self._model.is_cut(src.address, dst_address):
+                # Like a refused connection: the sender learns it after one hop (behind
+                # a cut, nothing comes back at all).
                 arrival = trio.current_time() + self.faults.latency
                 src._spawn(src._refused, arrival, req_id, dst_address)
             return

@@ -18,7 +18,12 @@ import ketten
 from ketten import ConfigError, DecodeError, Identity, NodeConfig, ProtocolError, open_node
 from ketten.adapters.memory import MemoryNetwork
 from ketten.interfaces import Overlay, Peer
-from ketten.plugins.kademlia import KademliaOptions, KademliaOverlay
+from ketten.plugins.kademlia import (
+    MAX_REPLY_CONTACTS,
+    KademliaOptions,
+    KademliaOverlay,
+    decode_contacts,
+)
 from ketten.plugins.kademlia._ids import puzzle_ok, solve_puzzle
 
 
@@ -218,3 +223,62 @@ async def test_random_kad_requests_only_raise_protocol_errors(body: Any) -> None
         with pytest.raises(DecodeError):
             from ketten.plugins.kademlia import decode_contacts
             decode_contacts(peer_answer, 0)
+
+
+class LiarOverlay(KademliaOverlay):
+    """Answers every find with the most contacts it may name, none of them reachable."""
+
+    async def _serve(self, peer: Peer, body: Any) -> Any:
+        if isinstance(body, dict) and body.get("op") == "find":
+            rng = random.Random(body.get("target"))
+            count = max(self.options.k, body.get("count", 0))
+            return {"nodes": [[f"mem:nowhere-{i}", Identity.from_seed(rng.randbytes(32)).public_key]
+                              for i in range(count)]}
+        return await super()._serve(peer, body)
+
+
+class Liars:
+    @ketten.hookimpl
+    def ketten_plugin_names(self) -> Mapping[str, list[str]]:
+        return {"overlay": ["liar"]}
+
+    @ketten.hookimpl
+    def ketten_make_overlay(self, name: str, options: Mapping[str, Any],
+                            node: ketten.Node) -> KademliaOverlay | None:
+        if name != "liar":
+            return None
+        return LiarOverlay(node=node, options=KademliaOptions.parse(options, 3))
+
+
+async def test_a_liar_costs_a_lookup_at_most_its_deadline(
+        autojump_clock: trio.testing.MockClock) -> None:
+    plugins = ketten.plugin_manager(extra=(Liars(),))
+    net = MemoryNetwork(seed=5)
+    async with trio.open_nursery() as nursery:
+        cluster = Cluster(net, plugins, nursery, random.Random(5))
+        honest = [await cluster.add() for _ in range(12)]
+
+        async def liar(task_status: trio.TaskStatus[ketten.Node]) -> None:
+            config = NodeConfig(identity=Identity.from_seed(b"L" * 32), overlay="liar",
+                                options={"transport": {"network": net},
+                                         "overlay": {"bootstrap": [honest[0].address]}})
+            async with open_node(config, plugins=plugins) as node:
+                task_status.started(node)
+                await trio.sleep_forever()
+
+        lying = await nursery.start(liar)
+        # The contacts it names swallow every request (a real liar's black holes).
+        net.cut([f"mem:nowhere-{i}" for i in range(MAX_REPLY_CONTACTS)],
+                [n.address for n in honest])
+        for node in honest:  # every honest node comes to know the liar
+            await overlay_of(node)._rpc(lying.address, {"op": "ping"})
+        with pytest.raises(ProtocolError, match="held 21"):
+            decode_contacts({"nodes": [["mem:1", bytes([i]) * 32] for i in range(21)]}, 0, 20)
+        for index, node in enumerate(honest):
+            key = random.Random(index).randbytes(32)
+            started = trio.current_time()
+            found = await overlay_of(node).closest(key, 3)
+            assert trio.current_time() - started <= 4.0 + 0.01  # 2 x rpc_timeout, the default
+            assert len(found) == 3 and all(p.address.startswith("mem:") and "nowhere" not in
+                                           p.address for p in found)
+        nursery.cancel_scope.cancel()

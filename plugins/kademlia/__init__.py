@@ -22,6 +22,7 @@ Options (``NodeConfig.options["overlay"]``):
 ``bootstrap`` (list of addresses, default none), ``k`` (20), ``alpha`` (3),
 ``paths`` (disjoint lookup paths d, 1), ``puzzle_difficulty`` (0),
 ``refresh_interval`` (seconds, 3600), ``rpc_timeout`` (seconds, 2.0),
+``lookup_timeout`` (seconds a lookup may take as a whole, ``2 * rpc_timeout``),
 ``siblings`` (sibling list size, default ``5 * replication``),
 ``stale_after`` (failed requests in a row before a contact is dropped, 5),
 ``ping_interval`` (seconds between liveness pings of the siblings, 10.0),
@@ -83,6 +84,7 @@ class KademliaOptions:
     puzzle_difficulty: int = 0
     refresh_interval: float = 3600.0
     rpc_timeout: float = 2.0
+    lookup_timeout: float = 4.0
     siblings: int = 15
     stale_after: int = 5
     ping_interval: float = 10.0
@@ -111,12 +113,13 @@ class KademliaOptions:
                 values[name] = value
         if values.get("puzzle_difficulty", 0) > 64:
             raise ConfigError("kademlia option 'puzzle_difficulty' must be at most 64")
-        for name in ("refresh_interval", "rpc_timeout", "ping_interval"):
+        for name in ("refresh_interval", "rpc_timeout", "ping_interval", "lookup_timeout"):
             if name in options:
                 value = options[name]
                 if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
                     raise ConfigError(f"kademlia option {name!r} must be a positive number")
                 values[name] = float(value)
+        values.setdefault("lookup_timeout", 2 * values.get("rpc_timeout", 2.0))
         if "join_refresh" in options:
             if type(options["join_refresh"]) is not bool:
                 raise ConfigError("kademlia option 'join_refresh' must be a boolean")
@@ -144,11 +147,12 @@ def encode_contacts(contacts: Sequence[Contact]) -> list[list[Any]]:
     return [[c.peer.address, c.peer.public_key] for c in contacts]
 
 
-def decode_contacts(body: Any, difficulty: int) -> list[Contact]:
-    """Contacts of a ``find`` answer. Raises :class:`DecodeError`, :class:`ProtocolError`."""
+def decode_contacts(body: Any, difficulty: int, limit: int = MAX_REPLY_CONTACTS) -> list[Contact]:
+    """Contacts of a ``find`` answer that asked for ``limit``. Raises
+    :class:`DecodeError`, :class:`ProtocolError` (more contacts than asked for)."""
     nodes = field(body, "nodes", list, where="kad find answer")
-    if len(nodes) > MAX_REPLY_CONTACTS:
-        raise ProtocolError(f"a find answer may hold {MAX_REPLY_CONTACTS} contacts, got {len(nodes)}")
+    if len(nodes) > limit:
+        raise ProtocolError(f"a find answer for {limit} contacts held {len(nodes)}")
     out: list[Contact] = []
     for item in nodes:
         if (type(item) is not list or len(item) != 2 or type(item[0]) is not str
@@ -307,20 +311,24 @@ class KademliaOverlay:
                         paths=self.options.paths)
         wanted = target.to_bytes(32, "big")
         send, receive = trio.open_memory_channel[tuple[Query, list[Contact] | None]](math.inf)
-        async with trio.open_nursery() as nursery:
+        # A lookup as a whole has a deadline: liars naming unreachable contacts
+        # cost it time, never more than this; it returns the best that answered.
+        with trio.move_on_after(self.options.lookup_timeout):
+            async with trio.open_nursery() as nursery:
 
-            def launch(queries: list[Query]) -> None:
-                for query in queries:
-                    self._counts["queries"] += 1
-                    nursery.start_soon(self._query, query, wanted, k, send)
+                def launch(queries: list[Query]) -> None:
+                    for query in queries:
+                        self._counts["queries"] += 1
+                        nursery.start_soon(self._query, query, wanted, k, send)
 
-            launch(lookup.start(self._table.closest(target, k)))
-            while not lookup.finished:
-                query, contacts = await receive.receive()
-                if contacts is None:
-                    launch(lookup.on_failure(query.contact.id))
-                else:
-                    launch(lookup.on_reply(query.contact.id, contacts))
+                launch(lookup.start(self._table.closest(target, k)))
+                while not lookup.finished:
+                    query, contacts = await receive.receive()
+                    if contacts is None:
+                        launch(lookup.on_failure(query.contact.id))
+                    else:
+                        launch(lookup.on_reply(query.contact.id, contacts))
+                nursery.cancel_scope.cancel()  # queries still out cannot change the result
         return lookup
 
     async def _query(self, query: Query, target: bytes, count: int,
@@ -330,10 +338,11 @@ class KademliaOverlay:
         request: dict[str, Any] = {"op": "find", "target": target}
         if count > self.options.k:
             request["count"] = count
+        limit = max(self.options.k, min(count, MAX_REPLY_CONTACTS))
         try:
             peer, answer = await self._rpc(contact.peer.address, request)
             _check_key(contact, peer)
-            contacts = decode_contacts(answer, self.options.puzzle_difficulty)
+            contacts = decode_contacts(answer, self.options.puzzle_difficulty, limit)
         except KettenError as exc:  # any failure of one query is a failed contact
             _log.debug("find at %s failed: %s", contact.peer.address, exc)
             self._counts["query_failures"] += 1
