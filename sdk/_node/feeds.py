@@ -26,6 +26,7 @@ Wire (bodies are CBOR maps):
 from __future__ import annotations
 
 import hashlib
+import logging
 import random
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -55,7 +56,9 @@ from ..errors import (
 )
 from ..interfaces import Peer
 from .local_chains import LocalChains
-from .rpc import Rpc
+from .rpc import Rpc, guarded
+
+_log = logging.getLogger("ketten.subscriptions")
 
 __all__ = [
     "BrokerSubscriptionStatistics",
@@ -376,7 +379,7 @@ class Feeds:
             while True:
                 await trio.sleep(self.interval * (0.5 + self.rng.random()))
                 with trio.move_on_after(self.interval * 10):
-                    await self.maintain()
+                    await guarded(self.maintain)
 
     async def maintain(self) -> None:
         """One round: forget expired leases, persist changes, push lists to co-brokers."""
@@ -390,7 +393,11 @@ class Feeds:
             if not await self.is_broker(key):
                 continue
             entries = [lease.encode() for lease in self._table.entries(key)]
-            for member in await self.members(key):
+            try:
+                members = await self.members(key)
+            except KettenError:
+                continue  # its brokers cannot be found now: next round
+            for member in members:
                 if member.key != own:
                     per_peer.setdefault(member.key, (member, {}))[1][key] = entries
 
@@ -428,7 +435,12 @@ class Feeds:
             if not leases:
                 continue
             start = max(self._notified.get(criterion, -1) + 1, commit[0] - 63)
-            events = await self.chains.range(criterion, start, commit[0] + 1)
+            try:
+                events = await self.chains.range(criterion, start, commit[0] + 1)
+            except KettenError as exc:  # the store failed: subscribers fill the gap later
+                _log.warning("cannot read chain %s to notify subscribers: %s",
+                             criterion.hex()[:16], exc)
+                continue
             if len(self._notified) > 1 << 16:
                 self._notified.clear()
             self._notified[criterion] = commit[0]
@@ -549,7 +561,10 @@ class Feed:
             while True:
                 placed = False
                 with trio.move_on_after(self.feeds.check * 3):
-                    placed = await self.renew()
+                    try:
+                        placed = await self.renew()
+                    except KettenError:
+                        placed = False  # brokers unreachable or a store error: try again soon
                 # Brokers not found yet: look again soon rather than a period later.
                 period = self.feeds.check if placed else min(self.feeds.check, 1.0)
                 await trio.sleep(period * (0.75 + 0.5 * rng.random()))

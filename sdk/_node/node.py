@@ -9,6 +9,7 @@ the public methods. No part holds a reference to the node.
 
 from __future__ import annotations
 
+import functools
 import random
 import time as _time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -124,8 +125,7 @@ class Node:
         replicator = self._replicator = Replicator(self._member, self._rpc, chains, sets,
                                                    self._options, self._rng)
         chains.replicated = replicator.holds
-        sets.rival = lambda criterion, genesis: replicator._spawn(
-            replicator.settle_rival, criterion, genesis, "a survey")
+        sets.rival = replicator.settle_rival_soon
         self._broker = Broker(self._rpc, chains, replicator, sets, None, config.request_timeout,
                               config.sync_batch_bytes)
         self._publisher = Publisher(self._rpc, sets, self._broker, self._member, self._stamp,
@@ -134,7 +134,8 @@ class Node:
         settings = Feeds.parse_options(config.options_for("subscriptions"),
                                        self._options.anti_entropy)
         self._feeds = Feeds(self._rpc, chains, self._member, self.now_ms, self._members_of,
-                            self._is_broker, self._local_commit, replicator.pull_committed,
+                            self._is_broker, self._local_commit,
+                            functools.partial(replicator.pull_committed, strict=True),
                             sets.address, config.request_timeout, self._rng, **settings)
         replicator.on_committed(self._feeds.committed)
         chains.on_appended(self._appended)
@@ -691,9 +692,12 @@ class Node:
     async def pull(self, address: str, criterion: bytes) -> int:
         """Copy the committed events ``address`` holds of ``criterion`` beyond the local head.
 
-        Every event is verified before it is stored. Returns how many were added.
+        Every event is verified before it is stored; a batch that does not verify
+        is dropped whole and counted (``statistics().invalid_events``). Returns
+        how many were added. Raises :class:`~ketten.errors.PeerUnreachable` (or
+        another :class:`~ketten.errors.Unavailable`) if ``address`` does not answer.
         """
-        return await self._replicator.pull_committed(address, self._key(criterion))
+        return await self._replicator.pull_committed(address, self._key(criterion), strict=True)
 
 
 @asynccontextmanager

@@ -259,6 +259,10 @@ class Replicator:
                 self._genesis[criterion] = known
         return known
 
+    def settle_rival_soon(self, criterion: bytes, rival: bytes) -> None:
+        """:meth:`settle_rival` in the background, for a rival a survey found."""
+        self._spawn(self.settle_rival, criterion, rival, "a survey")
+
     async def settle_rival(self, criterion: bytes, rival: bytes | None, source: str) -> bool:
         """Another chain of the same criterion exists, with genesis ``rival``.
 
@@ -296,11 +300,16 @@ class Replicator:
     def _now(self) -> float:
         return trio.current_time()
 
-    def _spawn(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run a background task in the replicator's nursery. A bug in it ends that task
-        (logged), never the node."""
-        if self._nursery is not None:
+    def _spawn(self, fn: Callable[..., Any], *args: Any) -> bool:
+        """Run a background task in the replicator's nursery (``False``: the node is
+        closing, nothing runs). A bug in it ends that task (logged), never the node."""
+        if self._nursery is None:
+            return False
+        try:
             self._nursery.start_soon(guarded, fn, *args)
+        except RuntimeError:  # the nursery is closing
+            return False
+        return True
 
     def _signal(self, criterion: bytes) -> None:
         event = self._changed.pop(criterion, None)
@@ -624,7 +633,9 @@ class Replicator:
             if self._nursery is None:
                 return False
             running = self._campaigns[criterion] = trio.Event()
-            self._spawn(self._run_campaign, criterion, force, proposed, running)
+            if not self._spawn(self._run_campaign, criterion, force, proposed, running):
+                del self._campaigns[criterion]
+                return False
         await running.wait()
         replica = self._replicas.get(criterion)
         return replica is not None and replica.is_leader
@@ -762,7 +773,9 @@ class Replicator:
             if self._nursery is None:
                 return None
             running = self._creations[criterion] = trio.Event()
-            self._spawn(self._run_creation, criterion, members, running)
+            if not self._spawn(self._run_creation, criterion, members, running):
+                del self._creations[criterion]
+                return None
         await running.wait()
         replica = self._replicas.get(criterion)
         if replica is not None and replica.is_leader:
@@ -923,9 +936,8 @@ class Replicator:
             elif member is not None:
                 outbox.member = member
             outbox.owe(replica.criterion)
-            if key not in self._sending and self._nursery is not None:
+            if key not in self._sending and self._spawn(self._send_loop, key):
                 self._sending.add(key)
-                self._spawn(self._send_loop, key)
 
     async def _send_loop(self, key: bytes) -> None:
         outbox = self._outboxes[key]
@@ -1109,15 +1121,18 @@ class Replicator:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Own the senders and run the background rounds until cancelled."""
         await self.load_all()
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            nursery.start_soon(self._flush_loop)
-            task_status.started()
-            interval = self.options.anti_entropy
-            while True:
-                await trio.sleep(interval * (0.5 + self.rng.random()))
-                with trio.move_on_after(interval * 10):
-                    await guarded(self.maintain)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._flush_loop)
+                task_status.started()
+                interval = self.options.anti_entropy
+                while True:
+                    await trio.sleep(interval * (0.5 + self.rng.random()))
+                    with trio.move_on_after(interval * 10):
+                        await guarded(self.maintain)
+        finally:
+            self._nursery = None  # closed: background work is refused from now on
 
     async def _flush_loop(self) -> None:
         while True:
@@ -1367,13 +1382,15 @@ class Replicator:
                 break
         return out
 
-    async def pull_committed(self, address: str, criterion: bytes) -> int:
+    async def pull_committed(self, address: str, criterion: bytes, *,
+                             strict: bool = False) -> int:
         """Copy the committed events ``address`` holds beyond our copy, and its commit mark.
 
         Only for copies this node is not a member of (a reader's cache): only
         committed events are taken, so this is safe without the leader. For a
         chain replicated here the leader is asked to resend instead. Returns
-        how many events were added.
+        how many events were added. ``strict``: a peer that does not answer raises
+        instead of ending the pull.
         """
         if self.holds(criterion):
             await self.repair(criterion)
@@ -1387,6 +1404,8 @@ class Replicator:
                     timeout=self.options.request_timeout, retransmit=True)
             except KettenError:
                 self._counts["peer_failures"] += 1
+                if strict:
+                    raise
                 return added
             if not reply.on:
                 return added
@@ -1397,7 +1416,7 @@ class Replicator:
                 added += fresh
                 self._counts["events_synced"] += fresh
             except (DecodeError, InvalidEvent):
-                self._counts["peer_failures"] += 1
+                self._counts["peer_failures"] += 1  # counted as invalid; nothing of it is kept
                 return added
             if reply.commit is not None:
                 async with self.chains.lock(criterion):
