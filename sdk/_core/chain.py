@@ -25,6 +25,7 @@ __all__ = [
     "check_successor",
     "choose_branch",
     "classify",
+    "genesis_wins",
     "make_locator",
     "scan_encoded_chain",
 ]
@@ -325,6 +326,18 @@ def highest_match(
         if seq_of(event_hash) == seq and (best is None or seq > best):
             best = seq
     return best
+
+
+def genesis_wins(ours: Event, theirs: Event) -> bool:
+    """Of two chains of one criterion (it was started twice, on two sides of a
+    partition), does the one with genesis ``ours`` stay?
+
+    The older chain stays: the lower genesis time as its author stamped it,
+    then the lower hash. Both values are fixed in the genesis, so every node
+    decides alike; and a chain created before a partition is not undone by a
+    copy a cut-off side started later.
+    """
+    return (ours.time, ours.hash) <= (theirs.time, theirs.hash)
 
 
 def choose_branch(votes: Mapping[bytes, int], heights: Mapping[bytes, int]) -> bytes:

@@ -179,10 +179,15 @@ class Route:
     leader: bytes | None
     commit: Pos | None
     genesis: bytes | None = None
+    genesis_time: int | None = None
+    """The time stamped in that genesis (which chain stays, should there be two)."""
 
     def to_wire(self) -> Any:
-        return {"cf": self.config.encode(), "t": self.term, "l": self.leader,
-                "k": encode_pos(self.commit), "g": self.genesis}
+        out = {"cf": self.config.encode(), "t": self.term, "l": self.leader,
+               "k": encode_pos(self.commit), "g": self.genesis}
+        if self.genesis_time is not None:
+            out["gt"] = self.genesis_time
+        return out
 
     @classmethod
     def from_wire(cls, body: Any, where: str = "route") -> Route:
@@ -193,8 +198,9 @@ class Route:
         genesis = m.get("g")
         if genesis is not None:
             genesis = _key(genesis, f"{where}.g")
+        genesis_time = _int(m, "gt", where) if "gt" in m else None
         return cls(_config(_get(m, "cf", where), f"{where}.cf"), _int(m, "t", where), leader,
-                   _pos(m, "k", where), genesis)
+                   _pos(m, "k", where), genesis, genesis_time)
 
 
 # -- publish ---------------------------------------------------------------------

@@ -43,10 +43,15 @@ def member_of(peer: Peer) -> Member:
     return Member(peer.public_key, peer.address)
 
 
-def preference(route: Route) -> tuple[bool, bytes, int, int]:
-    """Sort key of routes, best first: the chain with the lowest genesis hash (should a
-    criterion have been started twice), then the newest configuration and term."""
-    return route.genesis is None, route.genesis or b"", -route.config.epoch, -route.term
+def preference(route: Route) -> tuple[bool, int, bytes, int, int]:
+    """Sort key of routes, best first: the chain that stays should a criterion have
+    been started twice (the older genesis, then the lower hash: the rule of
+    :func:`~ketten._core.chain.genesis_wins`), then the newest configuration and term."""
+    return (route.genesis is None, route.genesis_time if route.genesis_time is not None
+            else _NEVER, route.genesis or b"", -route.config.epoch, -route.term)
+
+
+_NEVER = 1 << 64
 
 
 @attrs.define(eq=False)
@@ -59,7 +64,7 @@ class ReplicaSets:
     replication: int
     local: Callable[[bytes], Route | None]
     timeout: float
-    rival: Callable[[bytes, bytes], None] = lambda criterion, genesis: None
+    rival: Callable[[bytes, bytes, str], None] = lambda criterion, genesis, address: None
     """Called when a survey finds another chain of a criterion this node holds."""
     _routes: OrderedDict[bytes, Route] = attrs.field(factory=OrderedDict, init=False)
     _known: OrderedDict[bytes, None] = attrs.field(factory=OrderedDict, init=False)
@@ -209,7 +214,7 @@ class ReplicaSets:
                 nursery.start_soon(ask, index, member)
         held = False
         local = best
-        for result in results:
+        for member, result in zip(others, results, strict=True):
             if result is None:
                 continue
             answered += 1
@@ -219,7 +224,7 @@ class ReplicaSets:
                 best = found
             if (found is not None and local is not None and found.genesis is not None
                     and local.genesis is not None and found.genesis != local.genesis):
-                self.rival(criterion, found.genesis)
+                self.rival(criterion, found.genesis, self.address(member))
         if best is not None:
             self.learn(criterion, best)
         elif held:

@@ -25,7 +25,7 @@ from typing import Any
 import attrs
 import trio
 
-from .._core.chain import make_locator
+from .._core.chain import genesis_wins, make_locator
 from .._core.event import Event
 from .._core.membership import ChainConfig, ChainState, Member, Pos
 from .._core.messages import (
@@ -184,7 +184,10 @@ class Replicator:
     _committed: list[Callable[[bytes, Pos], None]] = attrs.field(factory=list, init=False)
     _learner_members: dict[bytes, Member] = attrs.field(factory=dict, init=False)
     _repairs: dict[bytes, float] = attrs.field(factory=dict, init=False)
-    _genesis: dict[bytes, bytes] = attrs.field(factory=dict, init=False)
+    _genesis: dict[bytes, tuple[bytes, int]] = attrs.field(factory=dict, init=False)
+    _lost: OrderedDict[bytes, frozenset[bytes]] = attrs.field(factory=OrderedDict, init=False)
+    """Geneses of chains this node gave up to an older one: never taken up again."""
+    """Hash and time of each held chain's genesis."""
     """Genesis hashes of the chains held here: which chain of a criterion this is."""
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
@@ -238,64 +241,113 @@ class Replicator:
         replica = self._replicas.get(criterion)
         if replica is None or replica.config is None:
             return None
+        genesis = self._genesis.get(criterion)
         return Route(replica.config, replica.term, replica.leader, replica.commit,
-                     self._genesis.get(criterion))
+                     *(genesis or (None, None)))
 
     async def route(self, criterion: bytes) -> Route | None:
         replica = await self.replica(criterion)
         if replica is None or replica.config is None:
             return None
+        genesis = await self._genesis_of(criterion)
         return Route(replica.config, replica.term, replica.leader, replica.commit,
-                     await self.genesis(criterion))
+                     *(genesis or (None, None)))
 
     async def genesis(self, criterion: bytes) -> bytes | None:
         """The hash of the genesis held here (``None``: no events yet)."""
+        known = await self._genesis_of(criterion)
+        return None if known is None else known[0]
+
+    async def _genesis_of(self, criterion: bytes) -> tuple[bytes, int] | None:
         known = self._genesis.get(criterion)
         if known is None:
-            known = await self.chains.hash_at(criterion, 0)
-            if known is not None:
+            first = await self.chains.range(criterion, 0, 1)
+            if first:
                 if len(self._genesis) > _MAX_LOADED:
                     self._genesis.clear()
-                self._genesis[criterion] = known
+                known = self._genesis[criterion] = (first[0].hash, first[0].time)
         return known
 
-    def settle_rival_soon(self, criterion: bytes, rival: bytes) -> None:
+    def settle_rival_soon(self, criterion: bytes, rival: bytes, address: str) -> None:
         """:meth:`settle_rival` in the background, for a rival a survey found."""
-        self._spawn(self.settle_rival, criterion, rival, "a survey")
+        self._spawn(self.settle_rival, criterion, rival, address)
 
-    async def settle_rival(self, criterion: bytes, rival: bytes | None, source: str) -> bool:
-        """Another chain of the same criterion exists, with genesis ``rival``.
+    async def _rival_genesis(self, address: str, criterion: bytes, rival: bytes) -> Event | None:
+        """The genesis ``rival`` of ``criterion`` as ``address`` holds it, verified."""
+        try:
+            _, reply = await self.rpc.call(address, Fetch(criterion, None, 1 << 16, False),
+                                           timeout=self.options.request_timeout,
+                                           retransmit=True)
+            if not reply.events:
+                return None
+            event = self.chains.decode(reply.events[0], criterion, where="rival genesis")
+            if event.seq != 0 or event.hash != rival:
+                return None
+            event.verify()
+        except KettenError:
+            self._counts["peer_failures"] += 1
+            return None
+        return event
 
-        That happens only when a brand-new criterion was started on both
-        sides of a partition. The chain with the lower genesis hash wins,
-        everywhere alike; if ours loses, this node gives up its copy: every
-        event becomes an orphan (reported through ``ketten_fork_resolved``
-        with no head), the replication state is dropped, and the node can
-        join the winner later like any new broker. Returns whether ours lost.
+    async def settle_rival(self, criterion: bytes, rival: bytes | None, address: str) -> bool:
+        """Another chain of the same criterion exists, with genesis ``rival``, held
+        at ``address``.
+
+        That happens only when a criterion was started on both sides of a
+        partition (the one side never learned the other had it). The older
+        chain stays, everywhere alike (:func:`~ketten._core.chain.genesis_wins`);
+        if ours loses, this node gives up its copy: every event becomes an
+        orphan (reported through ``ketten_fork_resolved`` with no head), the
+        replication state is dropped, and the node can join the winner later
+        like any new broker. Returns whether ours lost.
         """
         own = await self.genesis(criterion)
-        if rival is None or own is None or rival == own or own < rival:
+        if rival is None or own is None or rival == own:
             return False
+        theirs = await self._rival_genesis(address, criterion, rival)
+        first = await self.chains.range(criterion, 0, 1)
+        if theirs is None or not first or first[0].hash != own or genesis_wins(first[0], theirs):
+            return False
+        source = address
         async with self.chains.lock(criterion):
-            own = await self.genesis(criterion)
-            if own is None or own == rival or own < rival:
+            if await self.genesis(criterion) != own:
                 return False
             replica = self._replicas.pop(criterion, None)
             if replica is not None:
                 replica.role = Role.FOLLOWER
             orphans = await self.chains.cut(criterion, 0, [], force=True)
+            self._lost[criterion] = self._lost.get(criterion, frozenset()) | {own}
+            self._lost.move_to_end(criterion)
+            while len(self._lost) > _MAX_LOADED:
+                self._lost.popitem(last=False)
             self._genesis.pop(criterion, None)
             await self.chains.save_state(criterion, ChainState())
             self._members.pop(criterion, None)
             self._watch_moves.forget(criterion)
             self._reconfigs.pop(criterion, None)
         self._counts["chains_yielded"] += 1
+        try:
+            _, located = await self.rpc.call(address, Locate((criterion,)),
+                                             timeout=self.options.request_timeout,
+                                             retransmit=True)
+            winner = located.routes[0] if located.routes else None
+            if winner is not None and winner.genesis == rival:
+                self.sets.learn(criterion, winner)
+        except KettenError:
+            pass  # found again by the next lookup
         _log.warning("%s: criterion %s was started twice, on two sides of a partition; this "
                      "chain (genesis %s) lost to the one with genesis %s (learned from %s): "
                      "%d events orphaned", self.own().address, criterion.hex()[:16],
                      own.hex()[:16], rival.hex()[:16], source, len(orphans))
         self._signal(criterion)
         return True
+
+    def _address_of(self, replica: Replica, key: bytes) -> str | None:
+        config = replica.config
+        found = config.address_of(key) if config is not None else None
+        if found is None and key in self._learner_members:
+            return self.sets.address(self._learner_members[key])
+        return None if found is None else self.sets.address(Member(key, found))
 
     def _now(self) -> float:
         return trio.current_time()
@@ -387,7 +439,7 @@ class Replicator:
             last[event.criterion] = event
         for event in events:
             if event.seq == 0:
-                self._genesis[event.criterion] = event.hash
+                self._genesis[event.criterion] = (event.hash, event.time)
         for criterion, event in last.items():
             self.sets.note_exists(criterion)
             replica = self._replicas.get(criterion)
@@ -497,6 +549,9 @@ class Replicator:
 
     async def _follow(self, peer: Peer, item: AppendItem) -> AppendAck:
         criterion = item.criterion
+        if item.genesis is not None and item.genesis in self._lost.get(criterion, ()):
+            return AppendAck(criterion, "refused", 0, 0, None, 0, None, (),
+                             "that chain lost to an older one of the same criterion")
         own = await self.genesis(criterion)
         rival = item.genesis is not None and own is not None and own != item.genesis
         if rival and not await self.settle_rival(criterion, item.genesis, peer.address):
@@ -575,6 +630,8 @@ class Replicator:
         async with self.chains.lock(criterion):
             # A member the leader never reached holds no state yet: it judges the
             # request by the candidate's configuration (it must name both).
+            if item.genesis is not None and item.genesis in self._lost.get(criterion, ()):
+                return VoteResult(criterion, False, 0)  # that chain lost to an older one
             replica = await self.replica(criterion, create=item.proposed is not None)
             if replica is None:
                 return VoteResult(criterion, False, 0)
@@ -812,7 +869,8 @@ class Replicator:
             return None
         if replica.is_leader:
             return replica
-        route = Route(replica.config, replica.term, replica.leader, replica.commit)
+        route = Route(replica.config, replica.term, replica.leader, replica.commit,
+                      *(self._genesis.get(criterion) or (None, None)))
         if not replica.is_voter():
             return route
         # An idle leader is not a dead one: send the caller there unless it says the
@@ -1019,7 +1077,9 @@ class Replicator:
             return
         if ack.status == "conflict":
             replica.send_failed(key)
-            await self.settle_rival(replica.criterion, ack.genesis, key.hex()[:16])
+            address = self._address_of(replica, key)
+            if address is not None:
+                await self.settle_rival(replica.criterion, ack.genesis, address)
             return
         try:
             status = AckStatus(ack.status)
@@ -1249,8 +1309,14 @@ class Replicator:
             # Chains it believes it shares with us but we do not (it was left out of a
             # newer configuration, or holds a rival chain): tell it where we stand.
             mine = set(shared)
-            entries.extend(self._entry(c) for c in list(theirs)[:_BUCKETS * 64]
-                           if c not in mine and c in self._members)
+            for c in list(theirs)[:_BUCKETS * 64]:
+                if c in mine:
+                    continue
+                if c in self._members:
+                    entries.append(self._entry(c))
+                elif c in self._lost:
+                    # We gave that chain up (epoch 0: none of ours); a Locate tells it more.
+                    entries.append((c, 0, -1))
             await self._pull_ahead(peer, [(c, *theirs[c]) for c in theirs if c in mine])
             return DigestReply((), tuple(entries))
         return DigestReply(self._buckets(shared))
@@ -1310,7 +1376,7 @@ class Replicator:
             replica = await self.replica(criterion)
             if replica is None:
                 continue
-            if epoch > replica.state.epoch and not replica.is_leader:
+            if epoch != replica.state.epoch:
                 await self._compare_genesis(peer, criterion)
                 replica = self._replicas.get(criterion)
                 if replica is None:
@@ -1321,8 +1387,9 @@ class Replicator:
             await self.pull_committed(peer.address, criterion)
 
     async def _compare_genesis(self, peer: Peer, criterion: bytes) -> None:
-        """``peer`` holds ``criterion`` in a newer epoch: if its chain is another
-        instance of the criterion (started twice), settle which one stays."""
+        """``peer`` knows ``criterion`` in another epoch: if that chain is another
+        instance of the criterion (started twice), settle which one stays (asking a
+        member of it for its genesis)."""
         try:
             _, reply = await self.rpc.call(peer.address, Locate((criterion,)),
                                            timeout=self.options.request_timeout,
@@ -1331,8 +1398,14 @@ class Replicator:
             self._counts["peer_failures"] += 1
             return
         route = reply.routes[0] if reply.routes else None
-        if route is not None and route.genesis is not None:
-            await self.settle_rival(criterion, route.genesis, peer.address)
+        if route is None or route.genesis is None or route.genesis == await self.genesis(
+                criterion):
+            return
+        own = self.own().key
+        holders = [m for m in route.config.members() if m.key != own]
+        holders.sort(key=lambda m: m.key != peer.public_key)
+        if holders:
+            await self.settle_rival(criterion, route.genesis, self.sets.address(holders[0]))
 
     async def repair(self, criterion: bytes) -> None:
         """This node's copy of a chain it is a member of is behind: ask the leader to

@@ -507,6 +507,14 @@ class _Simulation:
                     configs[index] = config
             if not configs:
                 return False
+            # One chain per criterion: a criterion started twice is settled first.
+            geneses = set()
+            for index in configs:
+                first = await self._live[index].store.range(key, 0, 1)
+                if first:
+                    geneses.add(first[0].hash)
+            if len(geneses) > 1:
+                return False
             config = max(configs.values(), key=lambda c: c.epoch)
             if config.joint:
                 return False
