@@ -22,7 +22,7 @@ Options (``NodeConfig.options["overlay"]``):
 ``bootstrap`` (list of addresses, default none), ``k`` (20), ``alpha`` (3),
 ``paths`` (disjoint lookup paths d, 1), ``puzzle_difficulty`` (0),
 ``refresh_interval`` (seconds, 3600), ``rpc_timeout`` (seconds, 2.0),
-``lookup_timeout`` (seconds a lookup may take as a whole, ``2 * rpc_timeout``),
+``lookup_timeout`` (seconds a lookup may take as a whole, ``8 * rpc_timeout``),
 ``siblings`` (sibling list size, default ``5 * replication``),
 ``stale_after`` (failed requests in a row before a contact is dropped, 5),
 ``ping_interval`` (seconds between liveness pings of the siblings, 10.0),
@@ -84,7 +84,7 @@ class KademliaOptions:
     puzzle_difficulty: int = 0
     refresh_interval: float = 3600.0
     rpc_timeout: float = 2.0
-    lookup_timeout: float = 4.0
+    lookup_timeout: float = 16.0
     siblings: int = 15
     stale_after: int = 5
     ping_interval: float = 10.0
@@ -119,7 +119,7 @@ class KademliaOptions:
                 if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
                     raise ConfigError(f"kademlia option {name!r} must be a positive number")
                 values[name] = float(value)
-        values.setdefault("lookup_timeout", 2 * values.get("rpc_timeout", 2.0))
+        values.setdefault("lookup_timeout", 8 * values.get("rpc_timeout", 2.0))
         if "join_refresh" in options:
             if type(options["join_refresh"]) is not bool:
                 raise ConfigError("kademlia option 'join_refresh' must be a boolean")
