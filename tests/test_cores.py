@@ -513,3 +513,26 @@ def test_of_two_chains_of_one_criterion_the_older_stays_everywhere_alike() -> No
     # A tie in time falls to the hash; exactly one of the two stays.
     assert genesis_wins(early, same_time) != genesis_wins(same_time, early)
     assert genesis_wins(early, early)
+
+
+# -- Acquaintances ----------------------------------------------------------------------
+
+
+def test_acquaintances_name_the_recently_seen_nodes_nearest_to_a_key() -> None:
+    from ketten._core.acquaintances import Acquaintances
+
+    keys = [Identity.from_seed(bytes([i]) * 32).public_key for i in range(6)]
+    known = Acquaintances(capacity=4)
+    for when, key in enumerate(keys):
+        known.saw(key, f"n:{when}", float(when))
+    assert len(known) == 4 and known.last_seen(keys[0]) is None  # least recent out
+    target = criterion_key("near")
+    nearest = known.nearest(target, 2, since=3.0)
+    recent = keys[3:]
+    expected = sorted(recent, key=lambda k: int.from_bytes(Member(k, "x").node_id, "big")
+                      ^ int.from_bytes(target, "big"))[:2]
+    assert [m.key for m in nearest] == expected
+    assert known.nearest(target, 5, since=6.0) == []
+    known.saw(keys[3], "n:new", 9.0)  # seen again, somewhere else
+    assert [(m.key, m.address) for m in known.nearest(target, 5, since=6.0)] == [
+        (keys[3], "n:new")]

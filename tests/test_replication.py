@@ -505,7 +505,9 @@ async def test_published_events_carry_clock_stamps_that_follow_causality(
 async def test_a_criterion_started_twice_is_settled_on_the_older_genesis(autojump_clock) -> None:
     recorder = ForkRecorder()
     pm = ketten.plugin_manager(extra=(recorder,))
-    async with cluster(pm, 7, evict_after=3.0, hysteresis=4.0) as c:
+    # A short creation memory: each side forgets the other's nodes before it publishes.
+    async with cluster(pm, 7, evict_after=3.0, hysteresis=4.0,
+                       options={"replication": {"creation_memory": 5.0}}) as c:
         key = criterion_key("started twice")
         c.network.cut([f"n:{i}" for i in (0, 1, 2)])
         await trio.sleep(10.0)  # each side's membership forgets the other side
@@ -536,6 +538,37 @@ async def test_a_criterion_started_twice_is_settled_on_the_older_genesis(autojum
         assert any(orphaned and orphaned[0] == loser.payload and head is None
                    for _, orphaned, head in recorder.resolved)
         assert sum(n.replication_statistics().chains_yielded for n in c.nodes.values()) >= 1
+
+
+async def test_a_node_cut_off_from_the_nodes_near_a_key_does_not_start_its_chain(
+        autojump_clock) -> None:
+    # The overlays on both sides forget the other side; the nodes remember whom they
+    # heard from, so only the side with most of the nodes nearest to the key may start
+    # the chain, and the other side's publish fails without acknowledging anything.
+    async with cluster(ketten.plugin_manager(), 7, evict_after=3.0, hysteresis=4.0) as c:
+        key = criterion_key("started once")
+        left, right = (0, 1, 2), (3, 4, 5, 6)
+        nearest = sorted(c.nodes, key=lambda i: int.from_bytes(
+            c.identity(i).node_id, "big") ^ int.from_bytes(key, "big"))[:3]
+        majority_side = left if sum(i in left for i in nearest) >= 2 else right
+        c.network.cut([f"n:{i}" for i in left])
+        await trio.sleep(10.0)
+        outcomes: dict[tuple[int, ...], Event | None] = {}
+        for side in (left, right):
+            try:
+                outcomes[side] = await c.nodes[side[0]].publish(key, repr(side).encode(),
+                                                                deadline=5.0)
+            except QuorumUnavailable as exc:
+                assert "heard from" in str(exc) or "answered" in str(exc)
+                outcomes[side] = None
+        started = outcomes[majority_side]
+        assert started is not None and started.seq == 0
+        assert [side for side, got in outcomes.items() if got is None] == [
+            right if majority_side == left else left]
+        c.heal()
+        after = await c.nodes[3].publish(key, b"after the heal", deadline=30.0)
+        chain = await c.settle(key, 60.0)
+        assert chain[0] == started and chain[-1] == after
 
 
 # -- operator recovery ------------------------------------------------------------------

@@ -536,8 +536,9 @@ class Feed:
 
         async def one(member: Member, keys: list[bytes]) -> None:
             try:
+                # A lease (or its drop) is versioned: a second copy changes nothing.
                 peer, reply = await feeds.rpc.call_raw(feeds.address(member), _SERVICE,
-                                                       {**body, "c": keys})
+                                                       {**body, "c": keys}, retransmit=True)
                 commits = field(reply, "h", list, where="lease reply")
                 if len(commits) != len(keys):
                     raise DecodeError("one commit per criterion expected", where="lease reply")

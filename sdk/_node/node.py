@@ -121,7 +121,11 @@ class Node:
             return None if replicator is None else replicator.route_of(criterion)
 
         sets = self._sets = ReplicaSets(self._rpc, self._overlay, self._member,
-                                        config.replication, local_route, config.request_timeout)
+                                        config.replication, local_route, config.request_timeout,
+                                        memory=self._options.creation_memory)
+        acquaintances = sets.acquaintances
+        self._rpc.seen = lambda peer: acquaintances.saw(peer.public_key, peer.address,
+                                                        trio.current_time())
         replicator = self._replicator = Replicator(self._member, self._rpc, chains, sets,
                                                    self._options, self._rng)
         chains.replicated = replicator.holds

@@ -20,16 +20,35 @@ from collections.abc import Callable, Sequence
 import attrs
 import trio
 
+from .._core.acquaintances import Acquaintances
 from .._core.membership import Member, majority
 from .._core.messages import Locate, Route
 from ..errors import KettenError, QuorumUnavailable
 from ..interfaces import Overlay, Peer
 from .rpc import Rpc
 
-__all__ = ["Creation", "ReplicaSets"]
+__all__ = ["Creation", "ReplicaSets", "Survey"]
 
 _MAX_ROUTES = 1 << 16
 _MAX_KNOWN = 1 << 18
+
+
+@attrs.frozen
+class Survey:
+    """What the nodes near a key said about its chain."""
+
+    route: Route | None
+    """The best route any of them (or this node) knows."""
+    held: bool
+    """Whether any of them holds a copy or a route of the chain."""
+    answered: int
+    """How many of the nodes the overlay named answered (this node counts)."""
+    asked: int
+    """How many nodes the overlay named."""
+    nearest: int
+    """How many make up the ``r`` nearest of all asked (overlay and remembered)."""
+    nearest_answered: int
+    """How many of those answered."""
 
 
 @attrs.frozen
@@ -66,6 +85,11 @@ class ReplicaSets:
     timeout: float
     rival: Callable[[bytes, bytes, str], None] = lambda criterion, genesis, address: None
     """Called when a survey finds another chain of a criterion this node holds."""
+    acquaintances: Acquaintances = attrs.field(factory=Acquaintances)
+    """Nodes this node heard from (fed by the node from every authenticated peer)."""
+    memory: float = 600.0
+    """How long a node heard from counts as near a key though the overlay dropped it."""
+    now: Callable[[], float] = trio.current_time
     _routes: OrderedDict[bytes, Route] = attrs.field(factory=OrderedDict, init=False)
     _known: OrderedDict[bytes, None] = attrs.field(factory=OrderedDict, init=False)
     """Chains this node has seen exist (kept longer than routes, and across restarts)."""
@@ -151,8 +175,10 @@ class ReplicaSets:
     async def route(self, criterion: bytes, *, refresh: bool = False) -> Route | Creation:
         """The chain's route, or whom to create it on.
 
-        Raises :class:`~ketten.errors.QuorumUnavailable` when no node near
-        the key answered, so that nobody can tell whether the chain exists.
+        Raises :class:`~ketten.errors.QuorumUnavailable` when too few of the
+        nodes near the key answered to tell whether the chain exists (the
+        nodes the overlay names, and those this node heard from within the
+        ``creation_memory`` window).
         """
         if not refresh:
             known = self.cached(criterion)
@@ -162,14 +188,14 @@ class ReplicaSets:
             local = self.local(criterion)
             if local is not None and local.leader == self.own().key:
                 return local  # this node leads the chain: nobody knows better
-        route, answered, asked, held = await self.survey(criterion)
-        if route is not None:
-            return route
+        found = await self.survey(criterion)
+        if found.route is not None:
+            return found.route
         cached = self._routes.get(criterion)
         if cached is not None:
             # Known to exist, its brokers silent: never start a second chain.
             return cached
-        if held or self.exists(criterion):
+        if found.held or self.exists(criterion):
             raise QuorumUnavailable(
                 f"criterion {criterion.hex()[:16]} exists, but none of its brokers could be "
                 "found or reached")
@@ -179,25 +205,41 @@ class ReplicaSets:
                 f"only {len(members)} node(s) are known near criterion {criterion.hex()[:16]}; "
                 f"a new chain needs r = {self.replication} brokers (NodeConfig.replication must "
                 "not exceed the number of nodes in the network)")
-        if answered < majority(min(asked, len(members)) or 1):
-            raise QuorumUnavailable(
-                f"only {answered} of the {asked} nodes nearest to criterion "
-                f"{criterion.hex()[:16]} answered; whether the chain exists cannot be told")
+        doubt = self.doubt(criterion, found)
+        if doubt is not None:
+            raise QuorumUnavailable(doubt)
         return Creation(tuple(members))
 
-    async def survey(self, criterion: bytes) -> tuple[Route | None, int, int, bool]:
-        """Ask the nodes nearest to ``criterion`` (twice ``r`` of them) what they know.
+    def doubt(self, criterion: bytes, found: Survey) -> str | None:
+        """Why ``found`` cannot tell that the chain does not exist (``None``: it can)."""
+        if found.answered < majority(min(found.asked, self.replication) or 1):
+            return (f"only {found.answered} of the {found.asked} nodes nearest to criterion "
+                    f"{criterion.hex()[:16]} answered; whether the chain exists cannot be told")
+        if found.nearest_answered < majority(found.nearest):
+            return (f"only {found.nearest_answered} of the {found.nearest} nodes nearest to "
+                    f"criterion {criterion.hex()[:16]} that this node heard from within the "
+                    f"last {self.memory:g} s answered (the overlay may have lost them to a "
+                    "partition); whether the chain exists cannot be told")
+        return None
 
-        Returns the newest route any of them holds, how many answered, how
-        many were asked (this node counts as one that answered) and whether
-        any of them holds a copy of the chain.
+    async def survey(self, criterion: bytes) -> Survey:
+        """Ask the nodes nearest to ``criterion`` what they know: twice ``r`` of them
+        named by the overlay, and the ``r`` nearest of those this node heard from
+        within the memory window (the overlay may have dropped them).
+
+        The answer holds the best route any of them knows, whether any holds
+        a copy, and how many answered (this node counts as one that answered).
         """
         self._lookups += 1
         nearby = await self.candidates(criterion, 2 * self.replication)
         own = self.own().key
+        asked = {m.key: m for m in nearby}
+        remembered = self.acquaintances.nearest(criterion, self.replication,
+                                                since=self.now() - self.memory)
+        for member in remembered:
+            asked.setdefault(member.key, member)
         best = self.local(criterion)
-        answered = 1 if any(m.key == own for m in nearby) else 0
-        others = [m for m in nearby if m.key != own]
+        others = [m for m in asked.values() if m.key != own]
         results: list[tuple[Route | None, bool] | None] = [None] * len(others)
 
         async def ask(index: int, member: Member) -> None:
@@ -214,10 +256,11 @@ class ReplicaSets:
                 nursery.start_soon(ask, index, member)
         held = False
         local = best
+        answering = {own} if own in asked else set()
         for member, result in zip(others, results, strict=True):
             if result is None:
                 continue
-            answered += 1
+            answering.add(member.key)
             found, copy = result
             held = held or copy or found is not None
             if found is not None and (best is None or preference(found) < preference(best)):
@@ -229,7 +272,14 @@ class ReplicaSets:
             self.learn(criterion, best)
         elif held:
             self.note_exists(criterion)
-        return best, answered, len(nearby) if nearby else 1, held
+        goal = int.from_bytes(criterion, "big")
+        nearest = sorted(asked.values(),
+                         key=lambda m: int.from_bytes(m.node_id, "big") ^ goal)[: self.replication]
+        return Survey(route=best, held=held,
+                      answered=sum(1 for m in nearby if m.key in answering),
+                      asked=len(nearby) or 1,
+                      nearest=len(nearest),
+                      nearest_answered=sum(1 for m in nearest if m.key in answering))
 
     def members_of(self, route: Route) -> Sequence[Member]:
         return route.config.members()

@@ -98,6 +98,10 @@ class ReplicationOptions:
     """How often commit marks are written."""
     catch_up_limit: float = 120.0
     """How long new members may take to catch up before a move is tried again."""
+    creation_memory: float = 600.0
+    """How long a node heard from still counts as near a key when the overlay no longer
+    names it: a new chain is started only if most of the nodes nearest to its key,
+    these included, answered that none holds it."""
     allow_recovery: bool = False
     """Permit :meth:`ketten.Node.recover` (it can lose acknowledged events)."""
     request_timeout: float = 5.0
@@ -105,7 +109,8 @@ class ReplicationOptions:
     time: Callable[[], int] | None = None
 
     KNOWN = frozenset({"anti_entropy", "hysteresis", "election_timeout", "commit_flush",
-                       "catch_up_limit", "allow_recovery", "time"})
+                       "catch_up_limit", "creation_memory", "allow_recovery",
+                       "time"})
 
     @classmethod
     def parse(cls, options: Mapping[str, Any], *, request_timeout: float,
@@ -127,6 +132,7 @@ class ReplicationOptions:
             election_timeout=_positive(options, "election_timeout", request_timeout),
             commit_flush=_positive(options, "commit_flush", 1.0),
             catch_up_limit=_positive(options, "catch_up_limit", 120.0),
+            creation_memory=_positive(options, "creation_memory", 600.0),
             allow_recovery=allow,
             request_timeout=request_timeout,
             batch_bytes=batch_bytes,
@@ -845,10 +851,12 @@ class Replicator:
             with trio.move_on_after(self.options.request_timeout * 3):
                 if self.sets.exists(criterion):
                     return  # known to exist: never a second chain
-                found, _, _, held = await self.sets.survey(criterion)
-                if found is not None or held or await self.chains.head(criterion) is not None:
-                    # It exists; or someone holds a copy (an old reader's cache, say):
-                    # not ours to start.
+                found = await self.sets.survey(criterion)
+                if (found.route is not None or found.held
+                        or self.sets.doubt(criterion, found) is not None
+                        or await self.chains.head(criterion) is not None):
+                    # It exists; or someone holds a copy (an old reader's cache, say);
+                    # or nodes near the key that may hold it are silent: not ours to start.
                     return
                 proposed = ChainConfig(1, members, (), -1, 0)
                 if proposed.is_voter(self.own().key):

@@ -104,6 +104,8 @@ class Rpc:
 
     transport: Transport
     request_timeout: float
+    seen: Callable[[Peer], None] = lambda peer: None
+    """Called with every peer that sent an authenticated request, message or reply."""
     _services: dict[str, RawService] = attrs.field(factory=dict, init=False)
     _messages: dict[str, RawMessageService] = attrs.field(factory=dict, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
@@ -174,6 +176,7 @@ class Rpc:
                 reply = await self._with_retransmits(address, data, limit)
             else:
                 reply = await self.transport.request(address, data)
+            self.seen(reply.peer)
             name, reply_body = decode_message(reply.data)
             if name != service:
                 raise ProtocolError(f"{address} answered a {service!r} request as {name!r}")
@@ -210,6 +213,7 @@ class Rpc:
     # -- the transport's handler ---------------------------------------------------
 
     async def handle_request(self, peer: Peer, data: bytes) -> bytes:
+        self.seen(peer)
         try:
             service, body = decode_message(data)
         except DecodeError:
@@ -238,6 +242,7 @@ class Rpc:
         return encoded
 
     async def handle_message(self, peer: Peer, data: bytes) -> None:
+        self.seen(peer)
         try:
             service, body = decode_message(data)
         except DecodeError:

@@ -1,0 +1,64 @@
+"""Nodes this node has recently exchanged authenticated messages with, sans-IO.
+
+An overlay forgets nodes it cannot reach: behind a partition, every broker
+of a chain can drop out of the routing table. A node that then surveys the
+nodes it still sees would find nobody holding the chain and start a second
+one, and one of the two would later be given up with its acknowledged
+events. Remembering whom this node talked to, and when, lets it tell "no
+node near the key holds the chain" from "the nodes near the key are out of
+reach": creation waits until the nodes near the key that were seen within
+the memory window answer (or the window passes).
+
+The memory is bounded (least recently seen first out) and keyed by the
+authenticated public key, so a peer cannot place entries under keys it does
+not own.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import attrs
+
+from .identity import node_id_of
+from .membership import Member
+
+__all__ = ["Acquaintances"]
+
+
+@attrs.define(eq=False)
+class Acquaintances:
+    """When each node was last heard from, and where (bounded, most recent kept)."""
+
+    capacity: int = 4096
+    _seen: OrderedDict[bytes, tuple[str, float, int]] = attrs.field(factory=OrderedDict,
+                                                                     init=False)
+
+    def saw(self, key: bytes, address: str, now: float) -> None:
+        """``key`` answered or sent an authenticated message from ``address`` at ``now``."""
+        known = self._seen.get(key)
+        node_id = known[2] if known is not None else int.from_bytes(node_id_of(key), "big")
+        self._seen[key] = (address, now, node_id)
+        self._seen.move_to_end(key)
+        while len(self._seen) > self.capacity:
+            self._seen.popitem(last=False)
+
+    def last_seen(self, key: bytes) -> float | None:
+        known = self._seen.get(key)
+        return None if known is None else known[1]
+
+    def nearest(self, target: bytes, count: int, *, since: float) -> list[Member]:
+        """The ``count`` nodes seen at or after ``since`` whose node ids are nearest to
+        ``target`` (XOR distance), nearest first."""
+        goal = int.from_bytes(target, "big")
+        recent = []
+        for key in reversed(self._seen):  # most recently seen first
+            address, when, node_id = self._seen[key]
+            if when < since:
+                break
+            recent.append((node_id ^ goal, key, address))
+        recent.sort()
+        return [Member(key, address) for _, key, address in recent[:count]]
+
+    def __len__(self) -> int:
+        return len(self._seen)
