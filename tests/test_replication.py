@@ -537,7 +537,16 @@ async def test_a_criterion_started_twice_is_settled_on_the_older_genesis(autojum
         # The losing copy is reported, kept among the orphans, and counted.
         assert any(orphaned and orphaned[0] == loser.payload and head is None
                    for _, orphaned, head in recorder.resolved)
-        assert sum(n.replication_statistics().chains_yielded for n in c.nodes.values()) >= 1
+        yielded = [i for i, n in c.nodes.items() if n.replication_statistics().chains_yielded]
+        assert yielded
+        # A node remembers the chains it gave up across restarts: it refuses them.
+        for i in yielded:
+            assert key + loser.hash in await c.nodes[i].store.get_cursor("ketten/yielded")
+        await c.stop(yielded[0])
+        await c.start(yielded[0])
+        again = await c.nodes[yielded[0]].publish(key, b"after a restart")
+        chain = await c.settle(key, 60.0)
+        assert chain[0] == winner and chain[-1] == again and loser not in chain
 
 
 async def test_a_node_cut_off_from_the_nodes_near_a_key_does_not_start_its_chain(

@@ -73,6 +73,8 @@ __all__ = ["ReplicationOptions", "ReplicationStatistics", "Replicator"]
 _log = logging.getLogger("ketten.replication")
 _MAX_LOADED = 1 << 16
 _KNOWN_CURSOR = "ketten/known"
+_LOST_CURSOR = "ketten/yielded"
+"""Chains this node gave up (criterion and genesis, 64 bytes each): it refuses them."""
 _BUCKETS = 16
 
 
@@ -278,6 +280,12 @@ class Replicator:
         """:meth:`settle_rival` in the background, for a rival a survey found."""
         self._spawn(self.settle_rival, criterion, rival, address)
 
+    def _give_up(self, criterion: bytes, genesis: bytes) -> None:
+        self._lost[criterion] = self._lost.get(criterion, frozenset()) | {genesis}
+        self._lost.move_to_end(criterion)
+        while len(self._lost) > _MAX_LOADED:
+            self._lost.popitem(last=False)
+
     async def _rival_genesis(self, address: str, criterion: bytes, rival: bytes) -> Event | None:
         """The genesis ``rival`` of ``criterion`` as ``address`` holds it, verified."""
         try:
@@ -322,10 +330,13 @@ class Replicator:
             if replica is not None:
                 replica.role = Role.FOLLOWER
             orphans = await self.chains.cut(criterion, 0, [], force=True)
-            self._lost[criterion] = self._lost.get(criterion, frozenset()) | {own}
-            self._lost.move_to_end(criterion)
-            while len(self._lost) > _MAX_LOADED:
-                self._lost.popitem(last=False)
+            self._give_up(criterion, own)
+            try:
+                await self.chains.store.put_cursor(_LOST_CURSOR, b"".join(
+                    criterion + genesis for criterion, geneses in self._lost.items()
+                    for genesis in sorted(geneses)))
+            except StoreError as exc:
+                _log.warning("cannot store the chains given up: %s", exc)
             self._genesis.pop(criterion, None)
             await self.chains.save_state(criterion, ChainState())
             self._members.pop(criterion, None)
@@ -436,6 +447,9 @@ class Replicator:
         known = await self.chains.store.get_cursor(_KNOWN_CURSOR)
         if known is not None:
             self.sets.load_known(known)
+        lost = await self.chains.store.get_cursor(_LOST_CURSOR) or b""
+        for start in range(0, len(lost) - len(lost) % 64, 64):
+            self._give_up(lost[start:start + 32], lost[start + 32:start + 64])
 
     # -- observers of the store ----------------------------------------------------
 
