@@ -398,3 +398,24 @@ def test_a_plan_for_a_new_follower_probes_the_start_first() -> None:
     assert (plan.prev, plan.first, plan.last) == (7, 8, 7)  # no events: do you hold seq 7?
     leader.sent(plan)
     assert leader.plan(KEYS[1]) is None  # one in flight per member
+
+
+def test_a_configuration_the_committed_chain_went_on_without_is_abandoned() -> None:
+    members = [Member(bytes([i]) * 32, f"n:{i}") for i in range(5)]
+    old = ChainConfig(1, members[:3], (), -1, 1)
+    joint = ChainConfig(2, [members[0], members[3], members[4]], members[:3], 4, 2)
+    learner = Replica(criterion_key("c"), members[3].key,
+                      ChainState(term=2, configs=(old, joint), commit=(3, b"\0" * 32)),
+                      (5, b"\1" * 32))
+    # Committed in configuration 1 beyond where the joint one was made: abandoned.
+    assert learner.abandoned(1, 9)
+    # Not beyond it, or in a configuration at least as new: nothing to tell.
+    assert not learner.abandoned(1, 4) and not learner.abandoned(2, 9)
+    # A broker that knows a commit beyond the joint configuration holds it committed.
+    sure = attrs.evolve(learner.state, commit=(5, b"\1" * 32))
+    assert not Replica(learner.criterion, learner.own, sure, (5, b"\1" * 32)).abandoned(1, 9)
+    # Nothing pending (one configuration), or the leader itself: never.
+    settled = attrs.evolve(learner.state, configs=(joint,))
+    assert not Replica(learner.criterion, learner.own, settled, (5, b"\1" * 32)).abandoned(1, 9)
+    learner.role = Role.LEADER
+    assert not learner.abandoned(1, 9)

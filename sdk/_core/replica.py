@@ -658,6 +658,20 @@ class Replica:
                 p.learner = False
         return self._evolve(configs=configs)
 
+    def abandoned(self, epoch: int, commit: int) -> bool:
+        """A member reports the chain committed up to seq ``commit`` with configuration
+        ``epoch`` in force, older than the first configuration this broker holds as not
+        yet committed, and beyond the position where that one was made: the committed
+        chain went on without it (its leader lost the term before it committed), so it
+        never will commit. This broker was brought in by it and is no member of the
+        configuration in force."""
+        configs = self.state.configs
+        if self.role is Role.LEADER or len(configs) < 2:
+            return False
+        pending = configs[1]
+        mine = -1 if self.commit is None else self.commit[0]
+        return epoch < pending.epoch and commit > pending.at and mine <= pending.at
+
     def prune_configs(self) -> ChainState | None:
         """Drop configurations older than the committed one in force."""
         if len(self.state.configs) <= 1:

@@ -62,12 +62,16 @@ def member_of(peer: Peer) -> Member:
     return Member(peer.public_key, peer.address)
 
 
-def preference(route: Route) -> tuple[bool, int, bytes, int, int]:
+def preference(route: Route) -> tuple[bool, int, bytes, int, int, int]:
     """Sort key of routes, best first: the chain that stays should a criterion have
     been started twice (the older genesis, then the lower hash: the rule of
-    :func:`~ketten._core.chain.genesis_wins`), then the newest configuration and term."""
+    :func:`~ketten._core.chain.genesis_wins`), then the one that knows the longest
+    committed chain (a configuration that was abandoned before it committed can have
+    a higher epoch than the one in force, never a longer committed chain), then the
+    newest configuration and term."""
     return (route.genesis is None, route.genesis_time if route.genesis_time is not None
-            else _NEVER, route.genesis or b"", -route.config.epoch, -route.term)
+            else _NEVER, route.genesis or b"", 1 if route.commit is None
+            else -route.commit[0], -route.config.epoch, -route.term)
 
 
 _NEVER = 1 << 64
@@ -137,11 +141,13 @@ class ReplicaSets:
         for start in range(0, len(data) - len(data) % 32, 32):
             self._known[data[start:start + 32]] = None
 
-    def learn(self, criterion: bytes, route: Route) -> None:
-        """Remember ``route`` unless a better one is known (see :func:`preference`)."""
+    def learn(self, criterion: bytes, route: Route, *, fresh: bool = False) -> None:
+        """Remember ``route`` unless a better one is known (see :func:`preference`);
+        ``fresh``: the best the nodes near the key answered now, which replaces what was
+        known (a configuration that was abandoned can look newer than the one in force)."""
         self.note_exists(criterion)
         known = self._routes.get(criterion)
-        if known is not None and preference(known) < preference(route):
+        if not fresh and known is not None and preference(known) < preference(route):
             return
         self._routes[criterion] = route
         self._routes.move_to_end(criterion)
@@ -269,7 +275,7 @@ class ReplicaSets:
                     and local.genesis is not None and found.genesis != local.genesis):
                 self.rival(criterion, found.genesis, self.address(member))
         if best is not None:
-            self.learn(criterion, best)
+            self.learn(criterion, best, fresh=True)
         elif held:
             self.note_exists(criterion)
         goal = int.from_bytes(criterion, "big")

@@ -1403,10 +1403,38 @@ class Replicator:
                 replica = self._replicas.get(criterion)
                 if replica is None:
                     continue
+                if replica.abandoned(epoch, commit):
+                    await self._leave_abandoned(criterion, epoch, commit)
+                    await self.pull_committed(peer.address, criterion)
+                    continue
             mine = -1 if replica.commit is None else replica.commit[0]
             if commit <= mine:
                 continue
             await self.pull_committed(peer.address, criterion)
+
+    async def _leave_abandoned(self, criterion: bytes, epoch: int, commit: int) -> None:
+        """The configuration that made this node a broker of ``criterion`` was abandoned
+        (see :meth:`Replica.abandoned`): give up the replication state (the term and
+        vote are kept) and the events beyond the commit mark, which were appended
+        under it; what is committed stays, a plain copy the members extend."""
+        async with self.chains.lock(criterion):
+            replica = self._replicas.get(criterion)
+            if replica is None or not replica.abandoned(epoch, commit):
+                return
+            keep = -1 if replica.commit is None else replica.commit[0]
+            pending = replica.state.configs[1]
+            self._replicas.pop(criterion, None)
+            state = ChainState(term=replica.state.term, voted_for=replica.state.voted_for)
+            await self.chains.save_state(criterion, state)
+            self._index(criterion, state)
+            self._reconfigs.pop(criterion, None)
+            self.sets.forget(criterion)
+            orphans = await self.chains.cut(criterion, keep + 1, [])
+        _log.info("%s: configuration %d of %s (made at seq %d) was abandoned; the chain is "
+                  "committed beyond it in configuration %d: this node is no broker of it "
+                  "(%d uncommitted events dropped)", self.own().address, pending.epoch,
+                  criterion.hex()[:16], pending.at, epoch, len(orphans))
+        self._signal(criterion)
 
     async def _compare_genesis(self, peer: Peer, criterion: bytes) -> None:
         """``peer`` knows ``criterion`` in another epoch: if that chain is another
