@@ -533,6 +533,12 @@ def test_acquaintances_name_the_recently_seen_nodes_nearest_to_a_key() -> None:
                       ^ int.from_bytes(target, "big"))[:2]
     assert [m.key for m in nearest] == expected
     assert known.nearest(target, 5, since=6.0) == []
-    known.saw(keys[3], "n:new", 9.0)  # seen again, somewhere else
+    known.saw(keys[3], "n:new", 9.0)  # answered again, somewhere else
     assert [(m.key, m.address) for m in known.nearest(target, 5, since=6.0)] == [
+        (keys[3], "n:new")]
+    # A request refreshes a known node but never moves it to the address it claims,
+    # and a stranger's request adds nothing.
+    known.saw(keys[3], "n:claimed", 10.0, reached=False)
+    known.saw(keys[0], "n:stranger", 10.0, reached=False)
+    assert [(m.key, m.address) for m in known.nearest(target, 5, since=10.0)] == [
         (keys[3], "n:new")]

@@ -11,7 +11,7 @@ the memory window answer (or the window passes).
 
 The memory is bounded (least recently seen first out) and keyed by the
 authenticated public key, so a peer cannot place entries under keys it does
-not own.
+not own; addresses are taken only from answers to requests sent there.
 """
 
 from __future__ import annotations
@@ -34,10 +34,19 @@ class Acquaintances:
     _seen: OrderedDict[bytes, tuple[str, float, int]] = attrs.field(factory=OrderedDict,
                                                                      init=False)
 
-    def saw(self, key: bytes, address: str, now: float) -> None:
-        """``key`` answered or sent an authenticated message from ``address`` at ``now``."""
+    def saw(self, key: bytes, address: str, now: float, *, reached: bool = True) -> None:
+        """``key`` sent an authenticated message at ``now``: an answer from ``address``
+        (``reached``), or a request claiming ``address``, which only refreshes a node
+        known to answer at an address (a claimed address is never taken)."""
         known = self._seen.get(key)
-        node_id = known[2] if known is not None else int.from_bytes(node_id_of(key), "big")
+        if known is None and not reached:
+            return
+        if known is not None:
+            node_id = known[2]
+            if not reached:
+                address = known[0]
+        else:
+            node_id = int.from_bytes(node_id_of(key), "big")
         self._seen[key] = (address, now, node_id)
         self._seen.move_to_end(key)
         while len(self._seen) > self.capacity:

@@ -124,8 +124,8 @@ class Node:
                                         config.replication, local_route, config.request_timeout,
                                         memory=self._options.creation_memory)
         acquaintances = sets.acquaintances
-        self._rpc.seen = lambda peer: acquaintances.saw(peer.public_key, peer.address,
-                                                        trio.current_time())
+        self._rpc.seen = lambda peer, reached: acquaintances.saw(
+            peer.public_key, peer.address, trio.current_time(), reached=reached)
         replicator = self._replicator = Replicator(self._member, self._rpc, chains, sets,
                                                    self._options, self._rng)
         chains.replicated = replicator.holds

@@ -104,8 +104,10 @@ class Rpc:
 
     transport: Transport
     request_timeout: float
-    seen: Callable[[Peer], None] = lambda peer: None
-    """Called with every peer that sent an authenticated request, message or reply."""
+    seen: Callable[[Peer, bool], None] = lambda peer, reached: None
+    """Called with every peer that sent an authenticated request, message or reply;
+    ``reached``: it answered a request sent to its address (which it only claims
+    when it sends)."""
     _services: dict[str, RawService] = attrs.field(factory=dict, init=False)
     _messages: dict[str, RawMessageService] = attrs.field(factory=dict, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
@@ -176,7 +178,7 @@ class Rpc:
                 reply = await self._with_retransmits(address, data, limit)
             else:
                 reply = await self.transport.request(address, data)
-            self.seen(reply.peer)
+            self.seen(reply.peer, True)
             name, reply_body = decode_message(reply.data)
             if name != service:
                 raise ProtocolError(f"{address} answered a {service!r} request as {name!r}")
@@ -213,7 +215,7 @@ class Rpc:
     # -- the transport's handler ---------------------------------------------------
 
     async def handle_request(self, peer: Peer, data: bytes) -> bytes:
-        self.seen(peer)
+        self.seen(peer, False)
         try:
             service, body = decode_message(data)
         except DecodeError:
@@ -242,7 +244,7 @@ class Rpc:
         return encoded
 
     async def handle_message(self, peer: Peer, data: bytes) -> None:
-        self.seen(peer)
+        self.seen(peer, False)
         try:
             service, body = decode_message(data)
         except DecodeError:
