@@ -329,14 +329,16 @@ class Replicator:
             replica = self._replicas.pop(criterion, None)
             if replica is not None:
                 replica.role = Role.FOLLOWER
-            orphans = await self.chains.cut(criterion, 0, [], force=True)
+            # The refusal is stored before the copy goes: a crash in between must not
+            # leave a node that neither holds the chain nor refuses it.
             self._give_up(criterion, own)
             try:
                 await self.chains.store.put_cursor(_LOST_CURSOR, b"".join(
-                    criterion + genesis for criterion, geneses in self._lost.items()
+                    lost + genesis for lost, geneses in self._lost.items()
                     for genesis in sorted(geneses)))
             except StoreError as exc:
                 _log.warning("cannot store the chains given up: %s", exc)
+            orphans = await self.chains.cut(criterion, 0, [], force=True)
             self._genesis.pop(criterion, None)
             await self.chains.save_state(criterion, ChainState())
             self._members.pop(criterion, None)
