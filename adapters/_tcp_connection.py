@@ -23,6 +23,8 @@ class Connection:
     peer: Peer
     decoder: FrameDecoder
     outbound: bool
+    source: str = ""
+    """The IP address a connection the peer dialed comes from."""
     last_used: float = 0.0
     cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     closed: bool = False

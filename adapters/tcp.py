@@ -16,7 +16,11 @@ A malformed frame closes only its connection.
 
 A peer cannot hold a connection slot by saying nothing: connections still
 in the handshake count against ``max_connections`` and are closed when the
-handshake takes longer than ``handshake_timeout``; a frame whose first byte
+handshake takes longer than ``handshake_timeout``. One source address
+holds at most ``max_handshakes_per_source`` connections in the handshake
+and ``max_per_source`` connections it dialed (the least recently used idle
+one is closed to make room, as for ``max_connections``), so one host
+cannot take every slot. A frame whose first byte
 arrived must be complete within ``frame_timeout`` (and a frame being sent
 must leave within it, else the connection is closed); a connection with no
 request outstanding in either direction and no frame for ``idle_timeout``
@@ -32,7 +36,8 @@ address peers should dial, default the bound one), ``max_connections``
 4 MiB, checked on the length prefix before the body is read),
 ``handshake_timeout`` (seconds, 10), ``frame_timeout`` (seconds, 30),
 ``idle_timeout`` (seconds, 300), ``max_concurrent_requests`` (per
-connection, 64).
+connection, 64), ``max_per_source`` (64) and ``max_handshakes_per_source``
+(8): incoming connections per source IP address.
 """
 
 from __future__ import annotations
@@ -103,6 +108,7 @@ class TcpStatistics:
     connections_dialed: int
     connections_accepted: int
     connections_refused: int
+    refused_per_source: int
     handshakes_failed: int
     handshakes_timed_out: int
     malformed_frames: int
@@ -187,6 +193,8 @@ class TcpTransport:
     frame_timeout: float = 30.0
     idle_timeout: float = 300.0
     max_concurrent_requests: int = 64
+    max_per_source: int = 64
+    max_handshakes_per_source: int = 8
     loses_frames: bool = attrs.field(default=False, init=False)
     """A frame arrives or its connection fails: callers need not retransmit."""
     _address: str | None = attrs.field(default=None, init=False)
@@ -196,6 +204,7 @@ class TcpTransport:
     _open: set[Connection] = attrs.field(factory=set, init=False)
     _dialing: dict[str, trio.Event] = attrs.field(factory=dict, init=False)
     _handshaking: int = attrs.field(default=0, init=False)
+    _handshaking_from: dict[str, int] = attrs.field(factory=dict, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -473,21 +482,53 @@ class TcpTransport:
             _log.debug("closing the idle connection with %s", conn.peer.address)
             raise trio.ClosedResourceError(f"idle for {idle_limit} s")
 
+    def _room_for_source(self, source: str) -> str | None:
+        """Why a new connection from ``source`` is refused, or ``None`` (an idle
+        connection from it may be closed to make room)."""
+        if self._handshaking_from.get(source, 0) >= self.max_handshakes_per_source:
+            return f"{self.max_handshakes_per_source} handshakes from {source} are in progress"
+        mine = [c for c in self._open if c.source == source]
+        if len(mine) + self._handshaking_from.get(source, 0) < self.max_per_source:
+            return None
+        idle = [c for c in mine if not c.busy]
+        if not idle:
+            return f"{self.max_per_source} connections from {source} are open and busy"
+        victim = min(idle, key=lambda c: c.last_used)
+        victim.close("closed to make room for another connection from its address")
+        self._forget(victim)
+        return None
+
     async def _accept(self, stream: trio.SocketStream) -> None:
         self._counts["connections_accepted"] += 1
         try:
+            source = stream.socket.getpeername()[0]
+        except (OSError, IndexError, TypeError):
+            source = "?"
+        try:
+            crowded = self._room_for_source(source)
+            if crowded is not None:
+                self._counts["connections_refused"] += 1
+                self._counts["refused_per_source"] += 1
+                _log.debug("refusing an incoming connection: %s", crowded)
+                await self._refuse(stream, "too many connections from your address")
+                return
             if not self._make_room():
                 self._counts["connections_refused"] += 1
                 _log.warning("refusing an incoming connection: %d connections are open",
                              len(self._open))
                 await self._refuse(stream, "too many connections")
                 return
+            self._handshaking_from[source] = self._handshaking_from.get(source, 0) + 1
             try:
                 peer, decoder = await self._handshake(stream, dialed=None)
             except PeerUnreachable:
                 self._counts["connections_refused"] += 1
                 return
-            conn = Connection(stream, peer, decoder, outbound=False,
+            finally:
+                left = self._handshaking_from.pop(source) - 1
+                if left:
+                    self._handshaking_from[source] = left
+            conn = Connection(stream, peer, decoder, outbound=False, source=source,
                               last_used=trio.current_time(), send_timeout=self.frame_timeout)
             self._open.add(conn)
             await self._run_connection(conn)
@@ -585,7 +626,8 @@ def ketten_make_transport(name: str, options: Mapping[str, Any], node: Node) -> 
     if name != "tcp":
         return None
     known = {"listen", "advertise", "max_connections", "max_frame_size", "handshake_timeout",
-             "frame_timeout", "idle_timeout", "max_concurrent_requests"}
+             "frame_timeout", "idle_timeout", "max_concurrent_requests", "max_per_source",
+             "max_handshakes_per_source"}
     unknown = set(options) - known
     if unknown:
         raise ConfigError(f"unknown tcp options: {', '.join(sorted(unknown))}")
@@ -608,6 +650,8 @@ def ketten_make_transport(name: str, options: Mapping[str, Any], node: Node) -> 
             frame_timeout=_option_seconds(options, "frame_timeout", 30.0),
             idle_timeout=_option_seconds(options, "idle_timeout", 300.0),
             max_concurrent_requests=_option_int(options, "max_concurrent_requests", 64, 1),
+            max_per_source=_option_int(options, "max_per_source", 64, 1),
+            max_handshakes_per_source=_option_int(options, "max_handshakes_per_source", 8, 1),
         )
     except UsageError as exc:
         raise ConfigError(f"tcp transport: {exc}") from None

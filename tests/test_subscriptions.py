@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import pluggy
 import pytest
 import trio
@@ -104,6 +105,25 @@ def test_lease_table_bound_and_bad_bytes() -> None:
         LeaseTable.decode(b"\xa1\x41x\x80")
     with pytest.raises(DecodeError):
         Lease.decode([b"short", b"\1" * 32, "a", 1, 1, True], where="test")
+
+
+def test_one_subscriber_holds_a_bounded_share_and_cannot_take_others_leases() -> None:
+    table = LeaseTable(max_leases=100, max_per_subscriber=3)
+    key = criterion_key("share")
+    greedy = [Lease(bytes([i]) * 16, b"\2" * 32, "n:2", 1, 50) for i in range(10)]
+    assert [table.put(key, x, now=0) for x in greedy] == ["new"] * 3 + [None] * 7
+    assert table.refused == 7
+    honest = lease(b"h" * 16, 1, 50)
+    assert table.put(key, honest, now=0) == "new"
+    # Another key may not renew, move or drop the honest subscription.
+    stolen = Lease(b"h" * 16, b"\2" * 32, "n:2", 9, 60, live=False)
+    assert table.put(key, stolen, now=0) is None and table.refused == 8
+    assert table.live(key, now=10)[-1] == honest
+    # Expired entries give the subscriber its share back (also after a reload).
+    assert table.expire(now=50) and len(table) == 0
+    again = LeaseTable.decode(table.encode(), max_per_subscriber=3)
+    later = [attrs.evolve(x, version=2, expires=100) for x in greedy[:4]]
+    assert [again.put(key, x, now=60) for x in later] == ["new"] * 3 + [None]
 
 
 def test_confirmed_seq_needs_a_majority() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
-import secrets
 import tracemalloc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 import trio
+from hostile import RawClient, raw_connect
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -35,11 +35,10 @@ from ketten.adapters._framing import (
     Refuse,
     Reply,
     Request,
-    encode_body,
     encode_frame,
     parse_frame,
 )
-from ketten.adapters._tcp_handshake import Handshake, HandshakeRefused, NetworkParams
+from ketten.adapters._tcp_handshake import Handshake, NetworkParams
 from ketten.adapters.tcp import TcpTransport, parse_address
 from ketten.interfaces import Peer, Transport
 
@@ -75,54 +74,6 @@ def echo_services(node: ketten.Node, inbox: list[Any],
     node.register_service("echo", echo)
     node.register_service("boom", boom)
     node.register_message_service("inbox", take)
-
-
-class RawClient:
-    """A hand-driven peer for feeding a node bytes no well-behaved node would send."""
-
-    def __init__(self, stream: trio.SocketStream, decoder: FrameDecoder) -> None:
-        self.stream = stream
-        self.decoder = decoder
-
-    async def frame(self) -> Any:
-        while (body := self.decoder.next_body()) is None:
-            data = await self.stream.receive_some(65536)
-            if not data:
-                return None
-            self.decoder.feed(data)
-        return parse_frame(body, max_size=len(body))
-
-    async def closed(self) -> bool:
-        """True once the node closed the connection (anything it still sends is skipped)."""
-        with trio.fail_after(5):
-            while True:
-                try:
-                    data = await self.stream.receive_some(65536)
-                except trio.BrokenResourceError:
-                    return True
-                if not data:
-                    return True
-
-
-async def raw_connect(address: str, *, identity: Identity | None = None,
-                      params: NetworkParams | None = None, hello: Hello | None = None,
-                      signature: bytes | None = None) -> tuple[RawClient, Any]:
-    """Connect and run the handshake by hand; returns the client and the node's last frame."""
-    host, port = parse_address(address)
-    stream = await trio.open_tcp_stream(host, port)
-    client = RawClient(stream, FrameDecoder(1 << 22))
-    shake = Handshake(identity or Identity.generate(), params or NetworkParams(),
-                      "127.0.0.1:1", initiator=True, nonce=secrets.token_bytes(32))
-    await stream.send_all(encode_frame(hello or shake.hello()))
-    theirs = await client.frame()
-    if not isinstance(theirs, Hello):
-        return client, theirs
-    try:
-        auth = shake.receive_hello(theirs, encode_body(theirs))
-    except HandshakeRefused:
-        return client, await client.frame()
-    await stream.send_all(encode_frame(Auth(signature) if signature is not None else auth))
-    return client, await client.frame()
 
 
 async def test_requests_messages_errors_and_reuse() -> None:

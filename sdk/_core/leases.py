@@ -84,13 +84,18 @@ class Lease:
 class LeaseTable:
     """Subscriber lists per criterion: last-writer-wins by version, expiring.
 
-    ``max_leases`` bounds the entries over all criteria; a new entry beyond
-    it is refused (:meth:`put` returns ``None``) and counted in ``refused``.
+    ``max_leases`` bounds the entries over all criteria and
+    ``max_per_subscriber`` those of one subscriber key; a new entry beyond
+    either is refused (:meth:`put` returns ``None``) and counted in
+    ``refused``. A lease never changes hands: a sid held by one subscriber is
+    refused to another.
     """
 
     max_leases: int = 1 << 16
+    max_per_subscriber: int = 1024
     _table: dict[bytes, dict[bytes, Lease]] = attrs.field(factory=dict, init=False)
     _count: int = attrs.field(default=0, init=False)
+    _per_subscriber: dict[bytes, int] = attrs.field(factory=dict, init=False)
     refused: int = attrs.field(default=0, init=False)
 
     def __len__(self) -> int:
@@ -105,19 +110,24 @@ class LeaseTable:
         leases = self._table.get(criterion)
         known = leases.get(lease.sid) if leases is not None else None
         if known is not None:
+            if known.subscriber != lease.subscriber:
+                self.refused += 1
+                return None
             if known.version >= lease.version:
                 return None
             assert leases is not None
             leases[lease.sid] = lease
             same = known.live == lease.live and known.address == lease.address
             return "renewed" if same else "new"
-        if self._count >= self.max_leases:
+        held = self._per_subscriber.get(lease.subscriber, 0)
+        if self._count >= self.max_leases or held >= self.max_per_subscriber:
             self.refused += 1
             return None
         if leases is None:
             leases = self._table[criterion] = {}
         leases[lease.sid] = lease
         self._count += 1
+        self._per_subscriber[lease.subscriber] = held + 1
         return "new"
 
     def merge(self, criterion: bytes, leases: Iterable[Lease], now: int) -> str | None:
@@ -149,8 +159,11 @@ class LeaseTable:
         for criterion in list(self._table):
             leases = self._table[criterion]
             for sid in [s for s, lease in leases.items() if lease.expires <= now]:
-                del leases[sid]
+                subscriber = leases.pop(sid).subscriber
                 self._count -= 1
+                left = self._per_subscriber.pop(subscriber) - 1
+                if left:
+                    self._per_subscriber[subscriber] = left
                 removed = True
             if not leases:
                 del self._table[criterion]
@@ -161,13 +174,14 @@ class LeaseTable:
                              for k, v in self._table.items()})
 
     @classmethod
-    def decode(cls, data: bytes, *, max_leases: int = 1 << 16) -> LeaseTable:
+    def decode(cls, data: bytes, *, max_leases: int = 1 << 16,
+               max_per_subscriber: int = 1024) -> LeaseTable:
         """Rebuild a table from :meth:`encode`. Raises :class:`~ketten.errors.DecodeError`."""
         where = "stored subscriber lists"
         raw = _codec.loads(data, max_size=_MAX_TABLE_BYTES, where=where)
         if type(raw) is not dict:
             raise DecodeError("expected a map of criteria", where=where)
-        table = cls(max_leases=max_leases)
+        table = cls(max_leases=max_leases, max_per_subscriber=max_per_subscriber)
         for criterion, leases in raw.items():
             _key(criterion, where)
             if type(leases) is not list:

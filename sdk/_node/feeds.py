@@ -188,6 +188,7 @@ class Feeds:
     check: float = 10.0
     interval: float = 2.0
     max_leases: int = 1 << 16
+    max_per_subscriber: int = 1024
     _table: LeaseTable = attrs.field(init=False)
     _feeds: dict[bytes, Feed] = attrs.field(factory=dict, init=False)
     _by_key: dict[bytes, dict[bytes, Feed]] = attrs.field(factory=dict, init=False)
@@ -202,8 +203,10 @@ class Feeds:
     def parse_options(options: Mapping[str, Any], interval: float) -> dict[str, Any]:
         """The ``subscriptions`` options: ``ttl`` (lease seconds, default 30), ``check``
         (renewal period, default ``ttl / 3``), ``interval`` (lease anti-entropy period,
-        default the replication one), ``max_leases``. Raises :class:`ConfigError`."""
-        unknown = set(options) - {"ttl", "check", "interval", "max_leases"}
+        default the replication one), ``max_leases`` (subscriber-list entries of this
+        broker, default 65,536) and ``max_per_subscriber`` (entries of one subscriber
+        node, default 1,024). Raises :class:`ConfigError`."""
+        unknown = set(options) - {"ttl", "check", "interval", "max_leases", "max_per_subscriber"}
         if unknown:
             raise ConfigError(f"unknown subscriptions options: {', '.join(sorted(unknown))}")
         ttl = _seconds(options, "ttl", 30.0)
@@ -211,13 +214,17 @@ class Feeds:
             raise ConfigError(f"subscriptions option 'ttl' must be at most {MAX_TTL_MS // 1000} s")
         check = _seconds(options, "check", ttl / 3)
         every = _seconds(options, "interval", interval)
-        max_leases = options.get("max_leases", 1 << 16)
-        if type(max_leases) is not int or max_leases < 1:
-            raise ConfigError("subscriptions option 'max_leases' must be a positive int")
-        return {"ttl": ttl, "check": check, "interval": every, "max_leases": max_leases}
+        bounds = {}
+        for name, default in (("max_leases", 1 << 16), ("max_per_subscriber", 1024)):
+            value = options.get(name, default)
+            if type(value) is not int or value < 1:
+                raise ConfigError(f"subscriptions option {name!r} must be a positive int")
+            bounds[name] = value
+        return {"ttl": ttl, "check": check, "interval": every, **bounds}
 
     def __attrs_post_init__(self) -> None:
-        self._table = LeaseTable(max_leases=self.max_leases)
+        self._table = LeaseTable(max_leases=self.max_leases,
+                                 max_per_subscriber=self.max_per_subscriber)
         self._out_send, self._out_recv = trio.open_memory_channel[tuple[bytes, Pos]](_OUTBOX)
         self._counts = dict.fromkeys(
             ("notifications_sent", "notifications_dropped", "merges_sent", "table_writes"), 0)
@@ -362,7 +369,8 @@ class Feeds:
         if data is None:
             return
         try:
-            stored = LeaseTable.decode(data, max_leases=self.max_leases)
+            stored = LeaseTable.decode(data, max_leases=self.max_leases,
+                                       max_per_subscriber=self.max_per_subscriber)
         except DecodeError:
             # Leases are soft state that subscribers renew: start afresh rather than refuse.
             return

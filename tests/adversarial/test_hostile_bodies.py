@@ -1,0 +1,92 @@
+"""Hostile message bodies against live nodes on loopback TCP.
+
+An authenticated peer sends every service of a node the bodies honest nodes
+sent it, changed at random (types, sizes, missing and extra fields, flipped
+bytes, huge lists, out-of-range integers). Each request must end with an
+answer or an error reply (or the connection closed), none may reach a
+handler as an exception other than the typed errors (``internal_errors``
+stays 0), and the cluster must go on publishing and reading.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pluggy
+import pytest
+import trio
+from hostile import HostilePeer, mutations
+
+from ketten import Node, criterion_key
+from ketten.testing import open_cluster
+from ketten.wire import decode_message
+
+_SERVICES_SEEN_LEAST = {"offer", "append", "locate"}
+
+
+async def _honest_traffic(monkeypatch: pytest.MonkeyPatch,
+                          ) -> tuple[list[tuple[str, Any]], list[tuple[str, Any]]]:
+    """Record the bodies of every request and message any node takes."""
+    requests: list[tuple[str, Any]] = []
+    messages: list[tuple[str, Any]] = []
+    handle_request, handle_message = Node.handle_request, Node.handle_message
+
+    async def record_request(self: Node, peer: Any, data: bytes) -> bytes:
+        requests.append(decode_message(data))
+        return await handle_request(self, peer, data)
+
+    async def record_message(self: Node, peer: Any, data: bytes) -> None:
+        messages.append(decode_message(data))
+        await handle_message(self, peer, data)
+
+    monkeypatch.setattr(Node, "handle_request", record_request)
+    monkeypatch.setattr(Node, "handle_message", record_message)
+    return requests, messages
+
+
+@pytest.mark.parametrize(("seed", "count"), [
+    (0, 1500), (1, 1500), *(pytest.param(s, 6000, marks=pytest.mark.slow) for s in range(2, 8))])
+async def test_mutated_bodies_end_one_request_never_the_node(
+    plugins: pluggy.PluginManager, monkeypatch: pytest.MonkeyPatch, seed: int, count: int
+) -> None:
+    requests, messages = await _honest_traffic(monkeypatch)
+    async with open_cluster(4, plugins=plugins, transport="tcp", overlay="static",
+                            request_timeout=2.0, settle=1.0, seed=seed) as c:
+        key = criterion_key("hostile")
+        victim = c.brokers(key)[0]
+        writer = c.nodes[c.others(key)[0]]
+        for i in range(6):
+            await writer.publish(key, b"honest %d" % i)
+        await writer.read(key)
+        async with writer.subscribe(key, start=0) as feed:
+            async for _event in feed:
+                break
+        assert {s for s, _ in requests} >= _SERVICES_SEEN_LEAST, {s for s, _ in requests}
+        by_service: dict[str, list[tuple[str, Any]]] = {}
+        for service, body in requests:
+            by_service.setdefault(service, []).append((service, body))
+        sample = [pair for pairs in by_service.values() for pair in pairs[:40]]
+        monkeypatch.undo()
+
+        hostile = HostilePeer(c.nodes[victim].address)
+        outcomes: dict[str, int] = {}
+        for service, body in mutations(sample, count, seed):
+            kind, _ = await hostile.request(service, body, timeout=10.0)
+            outcomes[kind] = outcomes.get(kind, 0) + 1
+        for service, body in mutations(messages or [("elect", {"c": key})], count // 5, seed):
+            await hostile.message(service, body)
+        await hostile.aclose()
+
+        stats = c.nodes[victim].statistics()
+        assert stats.internal_errors == 0, stats
+        assert outcomes.get("reply", 0) + outcomes.get("error", 0) > 0, outcomes
+        # The honest cluster goes on: publishes succeed and every node reads them all.
+        with trio.fail_after(60):
+            for i in range(6, 10):
+                await writer.publish(key, b"honest %d" % i, deadline=20.0)
+            for node in c.nodes.values():
+                events = await node.read(key)
+                assert [e.payload for e in events if e.payload.startswith(b"honest")] == [
+                    b"honest %d" % i for i in range(10)]
+        for node in c.nodes.values():
+            assert node.statistics().internal_errors == 0, node.statistics()

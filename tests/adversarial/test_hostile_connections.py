@@ -1,0 +1,87 @@
+"""One host floods a node with connections on loopback TCP: silent ones that
+never finish the handshake, and authenticated ones that stay idle. It gets at
+most its share of the slots; honest peers from other addresses keep working."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+from hostile import RawClient, raw_connect
+
+import ketten
+from ketten import Identity, NodeConfig, open_node
+from ketten.adapters._framing import Auth, FrameDecoder, Hello, Refuse
+from ketten.adapters.tcp import parse_address
+
+PM = ketten.plugin_manager()
+
+
+@asynccontextmanager
+async def node_at(host: str, **transport: Any) -> AsyncIterator[ketten.Node]:
+    config = NodeConfig(transport="tcp",
+                        options={"transport": {"listen": f"{host}:0", **transport}})
+    async with open_node(config, plugins=PM) as node:
+
+        async def echo(peer: Any, body: Any) -> Any:
+            return body
+
+        node.register_service("echo", echo)
+        yield node
+
+
+async def _silent(address: str, source: str) -> RawClient:
+    host, port = parse_address(address)
+    stream = await trio.open_tcp_stream(host, port, local_address=source)
+    return RawClient(stream, FrameDecoder(4096))
+
+
+async def test_silent_handshakes_from_one_address_take_only_their_share() -> None:
+    async with node_at("127.0.0.1", handshake_timeout=30.0, max_connections=64) as node:
+        floods = [await _silent(node.address, "127.0.0.2") for _ in range(40)]
+        first = [await c.frame() for c in floods]
+        # Eight wait in the handshake; the rest are refused at once.
+        assert sum(isinstance(f, Hello) for f in first) == 8
+        refused = [c for c, f in zip(floods, first, strict=True) if not isinstance(f, Hello)]
+        assert all(isinstance(f, Refuse) for f in first if not isinstance(f, Hello))
+        assert all([await c.closed() for c in refused])
+        # Peers from other addresses connect and are served while the flood waits.
+        async with node_at("127.0.0.3") as honest:
+            for i in range(3):
+                assert await honest.call(node.address, "echo", i) == i
+        stats = node.transport.statistics()
+        assert stats.refused_per_source == 32
+        for c in floods:
+            await trio.aclose_forcefully(c.stream)
+
+
+async def test_idle_authenticated_connections_from_one_address_are_capped() -> None:
+    async with node_at("127.0.0.1", max_per_source=10, max_connections=64) as node:
+        held = []
+        for _ in range(30):
+            client, answer = await raw_connect(node.address, identity=Identity.generate(),
+                                               local_address="127.0.0.4")
+            assert isinstance(answer, Auth)
+            held.append(client)
+        # The node closed the least recently used idle ones to stay at ten.
+        with trio.fail_after(5):
+            while node.transport.statistics().connections_open > 10:
+                await trio.sleep(0.01)
+        closed = 0
+        for client in held[:20]:
+            closed += await client.closed()
+        assert closed == 20
+        async with node_at("127.0.0.5") as honest:
+            assert await honest.call(node.address, "echo", "still here") == "still here"
+        for client in held:
+            await trio.aclose_forcefully(client.stream)
+
+
+@pytest.mark.parametrize("option", ["max_per_source", "max_handshakes_per_source"])
+async def test_per_source_options_are_checked(option: str) -> None:
+    with pytest.raises(ketten.ConfigError, match=f"{option}.* must be an integer >= 1"):
+        async with node_at("127.0.0.1", **{option: 0}):
+            pass

@@ -1,0 +1,46 @@
+"""A peer floods a broker with subscription leases on loopback TCP: its share of
+the subscriber lists is bounded, the broker keeps few table writes for it, and
+an honest subscriber still gets every event pushed."""
+
+from __future__ import annotations
+
+import secrets
+
+import pluggy
+import trio
+from hostile import HostilePeer
+
+from ketten import criterion_key
+from ketten.testing import open_cluster
+
+
+async def test_a_lease_flood_gets_one_subscribers_share(plugins: pluggy.PluginManager) -> None:
+    share = 50
+    async with open_cluster(3, plugins=plugins, transport="tcp", overlay="static",
+                            settle=1.0, options={"subscriptions": {"max_per_subscriber": share}},
+                            ) as c:
+        key = criterion_key("leased")
+        writer, victim = c.nodes[0], c.nodes[c.brokers(key)[0]]
+        await writer.publish(key, b"first")
+        hostile = HostilePeer(victim.address)
+        answers = []
+        for version in range(1, 2001):
+            body = {"op": "lease", "s": secrets.token_bytes(16), "c": [key], "v": version,
+                    "t": 60_000, "live": True}
+            answers.append((await hostile.request("sub", body, timeout=5.0))[0])
+        assert answers.count("reply") == 2000  # refused quietly: the answer carries no hint
+        stats = victim.subscription_statistics()
+        assert stats.leases <= share + 10, stats
+        assert stats.leases_refused >= 2000 - share, stats
+        assert stats.table_writes <= share + 10, stats
+        reader = c.nodes[next(i for i in c.nodes if c.nodes[i] is not victim)]
+        async with reader.subscribe(key, start=0) as feed:
+            await writer.publish(key, b"second")
+            got = []
+            with trio.fail_after(20):
+                async for event in feed:
+                    got.append(event.payload)
+                    if len(got) == 2:
+                        break
+        assert got == [b"first", b"second"]
+        await hostile.aclose()
