@@ -33,6 +33,7 @@ __all__ = [
     "ProtocolError",
     "PublishOutcomeUnknown",
     "QuorumUnavailable",
+    "QuotaExceeded",
     "RemoteError",
     "StoreConflict",
     "StoreCorrupted",
@@ -77,6 +78,12 @@ class PluginNotFound(ConfigError):
 
 class CommandIdReused(UsageError):
     """A command id ``(author, counter)`` was sent again with different content."""
+
+
+class QuotaExceeded(UsageError):
+    """A broker refused because the caller is over one of its quotas (how many
+    chains one author may start per interval); the message names the quota.
+    Nothing was stored: try again later, or ask the operators for a higher limit."""
 
 
 class DecodeError(KettenError, ValueError):

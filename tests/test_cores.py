@@ -542,3 +542,16 @@ def test_acquaintances_name_the_recently_seen_nodes_nearest_to_a_key() -> None:
     known.saw(keys[0], "n:stranger", 10.0, reached=False)
     assert [(m.key, m.address) for m in known.nearest(target, 5, since=10.0)] == [
         (keys[3], "n:new")]
+
+
+def test_rate_limit_gives_a_burst_then_a_rate_per_key_and_forgets_the_oldest_key() -> None:
+    from ketten._core.quota import RateLimit
+
+    limit = RateLimit(rate=2.0, burst=3, max_keys=2)
+    assert [limit.allow(b"a", 0.0) for _ in range(4)] == [True, True, True, False]
+    assert limit.refused == 1 and limit.wait(b"a", 0.0) == 0.5
+    assert limit.allow(b"b", 0.0)  # keys do not share a bucket
+    assert not limit.allow(b"a", 0.25) and limit.allow(b"a", 0.75)
+    assert [limit.allow(b"a", 10.0) for _ in range(4)] == [True, True, True, False]
+    limit.allow(b"c", 10.0)  # a third key: "b", the least recently used, is forgotten
+    assert len(limit) == 2 and limit.wait(b"b", 10.0) == 0.0

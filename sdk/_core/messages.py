@@ -223,6 +223,8 @@ class Answer(enum.Enum):
     """Not decided in time; ``stored`` says whether the broker holds the event."""
     ABSENT = "absent"
     """No such chain here, and it was not created (``message`` says why)."""
+    LIMITED = "limited"
+    """Refused for now: the author is over a quota of this broker (``message``)."""
 
 
 @attrs.frozen

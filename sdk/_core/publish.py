@@ -233,6 +233,9 @@ class PublishAttempt:
         if kind is Answer.REUSED:
             self._fail = ("reused", answer.message, answer)
             return
+        if kind is Answer.LIMITED:
+            self._fail = ("limited", answer.message, answer)
+            return
         if kind is Answer.STALE:
             head = None if event is None else (event.seq, event.hash)
             self.base = head

@@ -36,6 +36,7 @@ from .._core.messages import (
     Route,
 )
 from .._core.publish import Verdict, judge_offer
+from .._core.quota import RateLimit
 from .._core.replica import Replica
 from ..errors import DecodeError, InvalidEvent, KettenError, StoreConflict, StoreError
 from ..interfaces import Peer
@@ -58,6 +59,8 @@ class Broker:
     own: Member | None
     request_timeout: float
     batch_bytes: int
+    creations: RateLimit
+    """Chains one author may start (per author key)."""
     _received: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -105,6 +108,13 @@ class Broker:
         if replica is None or replica.config is None:
             if item.create is None:
                 return OfferAnswer(Answer.ABSENT, message="this node holds no such chain")
+            now = trio.current_time()
+            if event.seq == 0 and not self.creations.allow(event.author, now):
+                return OfferAnswer(Answer.LIMITED, message=(
+                    f"author {event.author.hex()[:16]} started more than "
+                    f"{self.creations.burst:.0f} chains at this broker, then more than "
+                    f"{self.creations.rate:g} per second; wait "
+                    f"{self.creations.wait(event.author, now):.1f} s"))
             made = await self.replicator.create(criterion, tuple(item.create))
             if isinstance(made, Route):
                 self.sets.learn(criterion, made)

@@ -25,6 +25,7 @@ from .._core.event import Event
 from .._core.identity import Identity, criterion_key
 from .._core.membership import ChainConfig, Member, Pos
 from .._core.messages import CommitQuery, CommitReply
+from .._core.quota import RateLimit
 from .._core.read import ReadAttempt, ReadStep
 from ..errors import (
     InternalError,
@@ -131,7 +132,9 @@ class Node:
         chains.replicated = replicator.holds
         sets.rival = replicator.settle_rival_soon
         self._broker = Broker(self._rpc, chains, replicator, sets, None, config.request_timeout,
-                              config.sync_batch_bytes)
+                              config.sync_batch_bytes,
+                              RateLimit(self._options.creations_per_second,
+                                        self._options.creation_burst))
         self._publisher = Publisher(self._rpc, sets, self._broker, self._member, self._stamp,
                                     self._observe, self._clock is not None, self.now_ms, config.request_timeout, self._rng,
                                     lambda: self.nursery)
@@ -348,7 +351,9 @@ class Node:
         it and it may still be committed (retry with the same ``command``, or
         wait for one of its ``event_hashes``);
         :class:`~ketten.errors.CommandIdReused` when the command id already
-        names other content; :class:`~ketten.errors.WriterNotAllowed` /
+        names other content; :class:`~ketten.errors.QuotaExceeded` when the
+        event would start a chain and its author started too many at the
+        broker lately; :class:`~ketten.errors.WriterNotAllowed` /
         :class:`~ketten.errors.InvalidEvent` when the brokers refuse the
         event; :class:`~ketten.errors.UsageError` for bad arguments.
         """

@@ -32,6 +32,7 @@ from ..errors import (
     KettenError,
     PublishOutcomeUnknown,
     QuorumUnavailable,
+    QuotaExceeded,
     UsageError,
     WriterNotAllowed,
 )
@@ -175,6 +176,8 @@ class Publisher:
             reason = answer.reason if answer is not None else "invalid"
             return _INVALID.get(reason, InvalidEvent)(f"the brokers refused the event: {message}",
                                                       reason=reason)
+        if kind == "limited":
+            return QuotaExceeded(f"publish to criterion {short}: {message}; nothing was stored")
         if kind == "reused":
             return CommandIdReused(message or (
                 f"command {command} of author {identity.public_key.hex()[:16]} is already "

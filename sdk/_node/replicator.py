@@ -78,12 +78,21 @@ _LOST_CURSOR = "ketten/yielded"
 _BUCKETS = 16
 
 
-def _positive(options: Mapping[str, Any], name: str, default: float) -> float:
+def _positive(options: Mapping[str, Any], name: str, default: float,
+              unit: str = "seconds") -> float:
     value = options.get(name, default)
     if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-        raise ConfigError(f"replication option {name!r} must be a positive number of seconds, "
+        raise ConfigError(f"replication option {name!r} must be a positive number of {unit}, "
                           f"got {value!r}")
     return float(value)
+
+
+def _count(options: Mapping[str, Any], name: str, default: int) -> int:
+    value = options.get(name, default)
+    if type(value) is not int or value < 1:
+        raise ConfigError(f"replication option {name!r} must be a positive integer, "
+                          f"got {value!r}")
+    return value
 
 
 @attrs.frozen
@@ -104,6 +113,11 @@ class ReplicationOptions:
     """How long a node heard from still counts as near a key when the overlay no longer
     names it: a new chain is started only if most of the nodes nearest to its key,
     these included, answered that none holds it."""
+    creations_per_second: float = 64.0
+    creation_burst: int = 1024
+    """A broker starts at most ``creation_burst`` chains of one author at once, then
+    ``creations_per_second``; beyond that a publish that would start one fails with
+    :class:`~ketten.errors.QuotaExceeded`."""
     allow_recovery: bool = False
     """Permit :meth:`ketten.Node.recover` (it can lose acknowledged events)."""
     request_timeout: float = 5.0
@@ -112,7 +126,7 @@ class ReplicationOptions:
 
     KNOWN = frozenset({"anti_entropy", "hysteresis", "election_timeout", "commit_flush",
                        "catch_up_limit", "creation_memory", "allow_recovery",
-                       "time"})
+                       "creations_per_second", "creation_burst", "time"})
 
     @classmethod
     def parse(cls, options: Mapping[str, Any], *, request_timeout: float,
@@ -135,6 +149,8 @@ class ReplicationOptions:
             commit_flush=_positive(options, "commit_flush", 1.0),
             catch_up_limit=_positive(options, "catch_up_limit", 120.0),
             creation_memory=_positive(options, "creation_memory", 600.0),
+            creations_per_second=_positive(options, "creations_per_second", 64.0, "chains"),
+            creation_burst=_count(options, "creation_burst", 1024),
             allow_recovery=allow,
             request_timeout=request_timeout,
             batch_bytes=batch_bytes,
