@@ -28,6 +28,8 @@ __all__ = [
     "Reply",
     "Request",
     "encode_frame",
+    "frame_body",
+    "framed",
     "parse_frame",
 ]
 
@@ -73,6 +75,8 @@ class Hello:
     replication: int
     difficulty: int
     address: str
+    ephemeral: bytes = b""
+    """The sender's X25519 key for frame encryption (empty: it sends frames in clear)."""
 
 
 @attrs.frozen
@@ -91,10 +95,18 @@ Frame = Request | Reply | ErrorReply | Message | Hello | Auth | Refuse
 
 
 def encode_frame(frame: Frame) -> bytes:
+    return framed(frame_body(frame))
+
+
+def frame_body(frame: Frame) -> bytes:
+    """A frame's body, without its length."""
     if isinstance(frame, Hello | Auth | Refuse):
-        body = encode_body(frame)  # the handshake transcript covers these bytes
-    else:
-        body = _codec.dumps(_fields(frame))
+        return encode_body(frame)  # the handshake transcript covers these bytes
+    return _codec.dumps(_fields(frame))
+
+
+def framed(body: bytes) -> bytes:
+    """``body`` behind its length prefix."""
     return HEADER.pack(len(body)) + body
 
 
@@ -114,7 +126,7 @@ def _fields(frame: Frame) -> list[Any]:
             return [MESSAGE, data]
         case Hello():
             return [HELLO, frame.version, frame.public_key, frame.node_id, frame.nonce,
-                    frame.replication, frame.difficulty, frame.address]
+                    frame.replication, frame.difficulty, frame.address, frame.ephemeral]
         case Auth(signature):
             return [AUTH, signature]
         case Refuse(reason):
@@ -127,7 +139,7 @@ _SHAPES: dict[int, tuple[type, ...]] = {
     REPLY: (int, bytes),
     ERROR: (int, str, str),
     MESSAGE: (bytes,),
-    HELLO: (int, bytes, bytes, bytes, int, int, str),
+    HELLO: (int, bytes, bytes, bytes, int, int, str, bytes),
     AUTH: (bytes,),
     REFUSE: (str,),
 }
@@ -159,6 +171,8 @@ def parse_frame(body: bytes, *, max_size: int) -> Frame:
             hello = Hello(*fields)
             if not (0 <= hello.replication <= _MAX_ID and 0 <= hello.difficulty <= 256):
                 raise DecodeError("hello parameter out of range", where="hello")
+            if len(hello.ephemeral) not in (0, 32):
+                raise DecodeError("an ephemeral key must be 32 bytes", where="hello")
             return hello
         case 5:
             return Auth(*fields)

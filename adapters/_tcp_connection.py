@@ -9,8 +9,9 @@ from ketten.errors import PeerUnreachable, RemoteError
 from ketten.interfaces import Peer, Reply
 
 from ._framing import Frame as WireFrame
-from ._framing import FrameDecoder, Request, encode_frame
+from ._framing import FrameDecoder, Request, frame_body, framed
 from ._reply import ReplySlot
+from ._tcp_cipher import Session
 
 __all__ = ["Connection"]
 
@@ -23,6 +24,8 @@ class Connection:
     peer: Peer
     decoder: FrameDecoder
     outbound: bool
+    session: Session | None = None
+    """Frame encryption (``None``: frames travel in clear)."""
     source: str = ""
     """The IP address a connection the peer dialed comes from."""
     last_used: float = 0.0
@@ -50,9 +53,12 @@ class Connection:
         write, one system call for many frames. A frame that cannot be written
         closes the connection, which fails every request still waiting on it.
         """
-        data = encode_frame(frame)
         if self.closed:
             raise PeerUnreachable(f"connection to {self.peer.address} is closed")
+        body = frame_body(frame)
+        if self.session is not None:
+            body = self.session.seal(body)  # sealed in the order the frames are queued
+        data = framed(body)
         self._outbox.append(data)
         if self._flushing:
             await trio.lowlevel.checkpoint()

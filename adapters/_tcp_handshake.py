@@ -8,7 +8,8 @@ SHA-256 of the key; the puzzle is solved) and answers with an
 :class:`~._framing.Auth`: an Ed25519 signature over a role label and both
 hellos (initiator's first). The nonces make every transcript fresh, so a
 recorded handshake cannot be replayed; signing both hellos binds the
-parameters each side saw.
+parameters each side saw, and the ephemeral keys of frame encryption
+(:mod:`._tcp_cipher`): both sides must agree on ``encrypt``.
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from ketten.errors import ProtocolError
 from ketten.interfaces import Peer
 
 from ._framing import Auth, Frame, Hello, Refuse, encode_body
+from ._tcp_cipher import Ephemeral, Session
 
 __all__ = ["PROTOCOL_VERSION", "Handshake", "HandshakeRefused", "NetworkParams"]
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 _LABEL = b"ketten-tcp-auth\x00"
 
 
@@ -36,6 +38,7 @@ class NetworkParams:
     version: int = PROTOCOL_VERSION
     replication: int = 3
     difficulty: int = 0
+    encrypt: bool = True
 
 
 class HandshakeRefused(ProtocolError):
@@ -56,11 +59,13 @@ class Handshake:
     address: str
     initiator: bool
     nonce: bytes
+    _ephemeral: Ephemeral | None = attrs.field(init=False)
     _own_body: bytes = attrs.field(init=False)
     _peer_body: bytes | None = attrs.field(default=None, init=False)
     _peer_hello: Hello | None = attrs.field(default=None, init=False)
 
     def __attrs_post_init__(self) -> None:
+        self._ephemeral = Ephemeral() if self.params.encrypt else None
         self._own_body = encode_body(self.hello())
 
     def hello(self) -> Hello:
@@ -72,6 +77,7 @@ class Handshake:
             replication=self.params.replication,
             difficulty=self.params.difficulty,
             address=self.address,
+            ephemeral=b"" if self._ephemeral is None else self._ephemeral.public,
         )
 
     def receive_hello(self, frame: Frame, body: bytes) -> Auth:
@@ -93,6 +99,10 @@ class Handshake:
             raise HandshakeRefused(
                 f"puzzle difficulty {frame.difficulty} differs from ours ({mine.difficulty})"
             )
+        if bool(frame.ephemeral) != mine.encrypt:
+            raise HandshakeRefused(
+                "frame encryption is on here and off at the peer" if mine.encrypt
+                else "frame encryption is off here and on at the peer")
         if len(frame.public_key) != 32 or len(frame.nonce) != 32:
             raise HandshakeRefused("public key and nonce must be 32 bytes")
         if frame.node_id != hashlib.sha256(frame.public_key).digest():
@@ -125,6 +135,21 @@ class Handshake:
                                 self._transcript(not self.initiator)):
             raise HandshakeRefused("the peer did not prove it owns its key (bad signature)")
         return Peer(dialed if dialed is not None else hello.address, hello.public_key)
+
+    def session(self) -> Session | None:
+        """The connection's frame keys once the peer's auth checked out (``None``:
+        frames travel in clear). Raises :class:`HandshakeRefused` for an unusable key."""
+        hello = self._peer_hello
+        assert hello is not None and self._peer_body is not None
+        if self._ephemeral is None:
+            return None
+        first, second = ((self._own_body, self._peer_body) if self.initiator
+                         else (self._peer_body, self._own_body))
+        try:
+            return self._ephemeral.session(hello.ephemeral, first + second,
+                                           initiator=self.initiator)
+        except ProtocolError as exc:
+            raise HandshakeRefused(str(exc)) from None
 
     def _transcript(self, initiator: bool) -> bytes:
         assert self._peer_body is not None

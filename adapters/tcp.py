@@ -37,7 +37,10 @@ address peers should dial, default the bound one), ``max_connections``
 ``handshake_timeout`` (seconds, 10), ``frame_timeout`` (seconds, 30),
 ``idle_timeout`` (seconds, 300), ``max_concurrent_requests`` (per
 connection, 64), ``max_per_source`` (64) and ``max_handshakes_per_source``
-(8): incoming connections per source IP address.
+(8): incoming connections per source IP address; ``encrypt`` (true): seal
+every frame after the handshake with ChaCha20-Poly1305 under keys from an
+X25519 exchange in the handshake (:mod:`._tcp_cipher`); every node of a
+network must use the same setting.
 """
 
 from __future__ import annotations
@@ -78,6 +81,7 @@ from ._framing import (
     parse_frame,
 )
 from ._framing import Reply as ReplyFrame
+from ._tcp_cipher import TAG_SIZE, Session
 from ._tcp_connection import Connection
 from ._tcp_handshake import PROTOCOL_VERSION, Handshake, HandshakeRefused, NetworkParams
 
@@ -332,12 +336,12 @@ class TcpTransport:
             except (OSError, ValueError) as exc:  # ValueError: the resolver refused the name
                 raise PeerUnreachable(f"cannot connect to {address}: {exc}") from None
             try:
-                peer, decoder = await self._handshake(stream, dialed=address)
+                peer, decoder, session = await self._handshake(stream, dialed=address)
                 self._require_room(address)
             except BaseException:
                 await trio.aclose_forcefully(stream)
                 raise
-            conn = Connection(stream, peer, decoder, outbound=True,
+            conn = Connection(stream, peer, decoder, outbound=True, session=session,
                               last_used=trio.current_time(), send_timeout=self.frame_timeout)
             self._counts["connections_dialed"] += 1
             self._open.add(conn)
@@ -376,7 +380,7 @@ class TcpTransport:
             del self._dialed[conn.peer.address]
 
     async def _handshake(self, stream: trio.abc.Stream,
-                         dialed: str | None) -> tuple[Peer, FrameDecoder]:
+                         dialed: str | None) -> tuple[Peer, FrameDecoder, Session | None]:
         """Run the handshake; raises :class:`PeerUnreachable` naming the reason."""
         shake = Handshake(self._identity, self.params, self.address,
                           initiator=dialed is not None, nonce=secrets.token_bytes(32))
@@ -392,6 +396,7 @@ class TcpTransport:
                     await stream.send_all(encode_frame(auth))
                     body = await self._read_body(stream, decoder)
                     peer = shake.receive_auth(parse_frame(body, max_size=len(body)), dialed)
+                    session = shake.session()
                 except HandshakeRefused as exc:
                     if not exc.by_peer:
                         await self._refuse(stream, exc.reason)
@@ -418,8 +423,8 @@ class TcpTransport:
                                   f"{exc}") from None
         finally:
             self._handshaking -= 1
-        decoder.max_frame_size = self.max_frame_size
-        return peer, decoder
+        decoder.max_frame_size = self.max_frame_size + (TAG_SIZE if session else 0)
+        return peer, decoder, session
 
     async def _refuse(self, stream: trio.abc.Stream, reason: str) -> None:
         with trio.move_on_after(1.0):
@@ -520,7 +525,7 @@ class TcpTransport:
                 return
             self._handshaking_from[source] = self._handshaking_from.get(source, 0) + 1
             try:
-                peer, decoder = await self._handshake(stream, dialed=None)
+                peer, decoder, session = await self._handshake(stream, dialed=None)
             except PeerUnreachable:
                 self._counts["connections_refused"] += 1
                 return
@@ -529,6 +534,7 @@ class TcpTransport:
                 if left:
                     self._handshaking_from[source] = left
             conn = Connection(stream, peer, decoder, outbound=False, source=source,
+                              session=session,
                               last_used=trio.current_time(), send_timeout=self.frame_timeout)
             self._open.add(conn)
             await self._run_connection(conn)
@@ -558,6 +564,8 @@ class TcpTransport:
         try:
             while True:
                 body = await self._read_frame_body(conn)
+                if conn.session is not None:
+                    body = conn.session.open(body)
                 frame = parse_frame(body, max_size=self.max_frame_size)
                 match frame:
                     case Request():
@@ -627,13 +635,16 @@ def ketten_make_transport(name: str, options: Mapping[str, Any], node: Node) -> 
         return None
     known = {"listen", "advertise", "max_connections", "max_frame_size", "handshake_timeout",
              "frame_timeout", "idle_timeout", "max_concurrent_requests", "max_per_source",
-             "max_handshakes_per_source"}
+             "max_handshakes_per_source", "encrypt"}
     unknown = set(options) - known
     if unknown:
         raise ConfigError(f"unknown tcp options: {', '.join(sorted(unknown))}")
     difficulty = node.config.options_for("overlay").get("puzzle_difficulty", 0)
     if type(difficulty) is not int or not 0 <= difficulty <= 64:
         raise ConfigError("overlay option 'puzzle_difficulty' must be an integer in [0, 64]")
+    encrypt = options.get("encrypt", True)
+    if type(encrypt) is not bool:
+        raise ConfigError("tcp option 'encrypt' must be true or false")
     listen = options.get("listen", "127.0.0.1:0")
     advertise = options.get("advertise")
     if not isinstance(listen, str) or (advertise is not None and not isinstance(advertise, str)):
@@ -641,7 +652,8 @@ def ketten_make_transport(name: str, options: Mapping[str, Any], node: Node) -> 
     try:
         return TcpTransport(
             identity=node.identity,
-            params=NetworkParams(PROTOCOL_VERSION, node.config.replication, difficulty),
+            params=NetworkParams(PROTOCOL_VERSION, node.config.replication, difficulty,
+                                 encrypt),
             listen=listen,
             advertise=advertise,
             max_connections=_option_int(options, "max_connections", 256, 1),

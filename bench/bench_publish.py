@@ -13,12 +13,14 @@ use more than one core). Figures:
 
     python bench/bench_publish.py [--sequential 300] [--criteria 64] [--per-criterion 150]
                                   [--store sqlite|memory] [--compare] [--inline-limit 0.005]
+                                  [--compare-encryption]
 
 The machine's load average is printed too: on a shared machine the figures
 move with it. The CPU time all nodes spent per acknowledged event in the
 concurrent run (every worker publishes there) moves less. ``--compare``
 repeats the publish runs with memory stores: the difference is what the
-durable store costs. Catching up (copying a chain to a new broker) is
+durable store costs; ``--compare-encryption`` repeats them with frame
+encryption off (the ratio on / off is what encryption costs). Catching up (copying a chain to a new broker) is
 measured by ``bench_reconfig.py``.
 """
 
@@ -44,13 +46,14 @@ def identity(index: int) -> Identity:
 
 
 def config(index: int, base: Path, seeds: list[str], store: str = "sqlite",
-           inline_limit: float = 0.005) -> NodeConfig:
+           inline_limit: float = 0.005, encrypt: bool = True) -> NodeConfig:
     stored = {"path": str(base / f"node{index}"), "check_on_open": False,
               "inline_limit": inline_limit}
     return NodeConfig(
         identity=identity(index), transport="tcp", store=store, overlay="static",
         request_timeout=20.0,
         options={"store": stored if store == "sqlite" else {},
+                 "transport": {"encrypt": encrypt},
                  "overlay": {"seeds": seeds},
                  "replication": {"anti_entropy": 600.0}},
     )
@@ -60,8 +63,8 @@ def config(index: int, base: Path, seeds: list[str], store: str = "sqlite",
 
 
 async def worker(index: int, base: Path, seeds: list[str], store: str,
-                 inline_limit: float) -> None:
-    async with open_node(config(index, base, seeds, store, inline_limit)) as node:
+                 inline_limit: float, encrypt: bool) -> None:
+    async with open_node(config(index, base, seeds, store, inline_limit, encrypt)) as node:
         print("READY", node.address, flush=True)
         stdin = trio.wrap_file(sys.stdin)
         while True:
@@ -101,10 +104,11 @@ async def worker(index: int, base: Path, seeds: list[str], store: str,
 
 class Worker:
     def __init__(self, index: int, base: Path, seeds: list[str], store: str,
-                 inline_limit: float) -> None:
+                 inline_limit: float, encrypt: bool = True) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--worker", str(index), "--dir", str(base),
-             "--seeds", ",".join(seeds), "--store", store, "--inline-limit", str(inline_limit)],
+             "--seeds", ",".join(seeds), "--store", store, "--inline-limit", str(inline_limit),
+             *([] if encrypt else ["--no-encrypt"])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.address = self.expect("READY")[0]
 
@@ -169,11 +173,13 @@ def verify_rate(count: int = 5000) -> float:
     return best
 
 
-def start_workers(base: Path, store: str, inline_limit: float) -> list[Worker]:
-    workers = [Worker(0, base, [], store, inline_limit)]
+def start_workers(base: Path, store: str, inline_limit: float,
+                  encrypt: bool = True) -> list[Worker]:
+    workers = [Worker(0, base, [], store, inline_limit, encrypt)]
     try:
         for index in range(1, WORKERS):
-            workers.append(Worker(index, base, [workers[0].address], store, inline_limit))
+            workers.append(Worker(index, base, [workers[0].address], store, inline_limit,
+                                  encrypt))
         for w in workers:
             w.send("members")
             live = int(w.expect("MEMBERS")[0])
@@ -186,9 +192,10 @@ def start_workers(base: Path, store: str, inline_limit: float) -> list[Worker]:
 
 
 def publish_figures(workers: list[Worker], store: str, args: argparse.Namespace,
-                    ) -> tuple[float, float]:
+                    encrypt: bool = True) -> tuple[float, float]:
     kind = "SQLite stores (synchronous=FULL)" if store == "sqlite" else "memory stores"
-    print(f"{WORKERS} node processes, loopback TCP, r = 3, {kind}, static overlay; "
+    sealed = "encrypted" if encrypt else "in clear"
+    print(f"{WORKERS} node processes, loopback TCP ({sealed}), r = 3, {kind}, static overlay; "
           f"load average {os.getloadavg()[0]:.1f}")
     seq, _ = run_publish(workers, "seq", [1, 0, 0, 0, 0], args.sequential)
     print(f"  publish, 1 criterion, sequential       {seq:10,.0f} acked events/s")
@@ -213,13 +220,17 @@ def main() -> None:
     parser.add_argument("--inline-limit", type=float, default=0.005,
                         help="the sqlite store option inline_limit (0: every commit in a "
                              "worker thread)")
+    parser.add_argument("--compare-encryption", action="store_true",
+                        help="also run the publish figures with frame encryption off and "
+                             "print the ratios (what encryption costs, same machine load)")
+    parser.add_argument("--no-encrypt", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--seeds", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
         trio.run(worker, args.worker, Path(args.dir), [s for s in args.seeds.split(",") if s],
-                 args.store, args.inline_limit)
+                 args.store, args.inline_limit, not args.no_encrypt)
         return
     with tempfile.TemporaryDirectory(prefix="ketten-bench-") as tmp:
         base = Path(tmp)
@@ -236,6 +247,15 @@ def main() -> None:
                         w.close()
                 print(f"  sqlite / memory: sequential {seq / mem_seq:.2f}, "
                       f"concurrently {conc / mem_conc:.2f}")
+            if args.compare_encryption:
+                clear = start_workers(base / "clear", store, args.inline_limit, encrypt=False)
+                try:
+                    clear_seq, clear_conc = publish_figures(clear, store, args, encrypt=False)
+                finally:
+                    for w in clear:
+                        w.close()
+                print(f"  encrypted / in clear: sequential {seq / clear_seq:.2f}, "
+                      f"concurrently {conc / clear_conc:.2f} (target >= 0.9)")
             verify = verify_rate()
             cores = os.cpu_count() or 1
             bound = verify * cores / 3

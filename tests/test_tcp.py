@@ -171,7 +171,8 @@ async def test_forged_ids_and_bad_proofs_are_refused(caplog: pytest.LogCaptureFi
         mine = Identity.generate()
         other = Identity.generate()
         good = Handshake(mine, NetworkParams(), "127.0.0.1:1", True, bytes(32)).hello()
-        forged = Hello(good.version, mine.public_key, other.node_id, bytes(32), 3, 0, "x:1")
+        forged = Hello(good.version, mine.public_key, other.node_id, bytes(32), 3, 0, "x:1",
+                       good.ephemeral)
         client, answer = await raw_connect(node.address, identity=mine, hello=forged)
         assert isinstance(answer, Refuse) and "not the hash of its key" in answer.reason
         assert await client.closed()
@@ -180,7 +181,8 @@ async def test_forged_ids_and_bad_proofs_are_refused(caplog: pytest.LogCaptureFi
         answer = await client.frame()
         assert isinstance(answer, Refuse) and "bad signature" in answer.reason
         assert await client.closed()
-        stolen = Hello(good.version, other.public_key, other.node_id, bytes(32), 3, 0, "x:1")
+        stolen = Hello(good.version, other.public_key, other.node_id, bytes(32), 3, 0, "x:1",
+                       good.ephemeral)
         client, answer = await raw_connect(node.address, identity=mine, hello=stolen)
         answer = await client.frame()
         assert isinstance(answer, Refuse) and "bad signature" in answer.reason
@@ -246,9 +248,13 @@ valid_frames = [
                   st.lists(st.tuples(st.integers(0, 2), st.integers(0, 400),
                                      st.integers(0, 255)), min_size=1, max_size=4))
         .map(lambda pair: mutate(*pair)),
-    )
+    ),
+    sealed=st.booleans(),
 )
-async def test_random_and_mutated_frames_close_only_that_connection(payload: bytes) -> None:
+async def test_random_and_mutated_frames_close_only_that_connection(payload: bytes,
+                                                                    sealed: bool) -> None:
+    # In clear the bytes fail to authenticate; sealed like an honest peer's frame,
+    # they reach the frame parser.
     inbox: list[Any] = []
     async with tcp_node() as node:
         echo_services(node, inbox)
@@ -256,7 +262,10 @@ async def test_random_and_mutated_frames_close_only_that_connection(payload: byt
             assert (await friend.call(node.address, "echo", 0))["body"] == 0
             client, answer = await raw_connect(node.address)
             assert isinstance(answer, Auth)
-            await client.stream.send_all(payload)
+            if sealed:
+                await client.send_body(payload)
+            else:
+                await client.stream.send_all(payload)
             await client.stream.send_eof()
             assert await client.closed()
             stats = node.transport.statistics()

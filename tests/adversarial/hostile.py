@@ -17,30 +17,40 @@ from typing import Any
 
 import trio
 
-from ketten import Identity
+from ketten import DecodeError, Identity
 from ketten.adapters._framing import (
     Auth,
     ErrorReply,
     FrameDecoder,
     Hello,
     Message,
+    Refuse,
     Reply,
     Request,
     encode_body,
     encode_frame,
+    frame_body,
+    framed,
     parse_frame,
 )
+from ketten.adapters._tcp_cipher import Session
 from ketten.adapters._tcp_handshake import Handshake, HandshakeRefused, NetworkParams
 from ketten.adapters.tcp import parse_address
 from ketten.wire import MAX_UINT, encode_message
 
 
 class RawClient:
-    """A hand-driven peer for feeding a node bytes no well-behaved node would send."""
+    """A hand-driven peer for feeding a node bytes no well-behaved node would send.
+
+    Once the handshake is done, ``session`` (if the node encrypts) seals what
+    :meth:`send` and :meth:`send_body` write and opens what :meth:`frame` reads;
+    ``stream.send_all`` writes bytes as they are.
+    """
 
     def __init__(self, stream: trio.SocketStream, decoder: FrameDecoder) -> None:
         self.stream = stream
         self.decoder = decoder
+        self.session: Session | None = None
 
     async def frame(self) -> Any:
         """The node's next frame, or ``None`` once it closed the connection."""
@@ -52,7 +62,25 @@ class RawClient:
             if not data:
                 return None
             self.decoder.feed(data)
+        if self.session is not None:
+            try:
+                body = self.session.open(body)
+            except DecodeError:
+                # A refusal of our auth comes in clear: the handshake is not over yet.
+                refusal = parse_frame(body, max_size=len(body))
+                if not isinstance(refusal, Refuse):
+                    raise
+                return refusal
         return parse_frame(body, max_size=len(body))
+
+    async def send(self, frame: Any) -> None:
+        await self.send_body(frame_body(frame))
+
+    async def send_body(self, body: bytes) -> None:
+        """``body`` as one frame, sealed like an honest peer's (whatever it holds)."""
+        if self.session is not None:
+            body = self.session.seal(body)
+        await self.stream.send_all(framed(body))
 
     async def closed(self) -> bool:
         """True once the node closed the connection (anything it still sends is skipped)."""
@@ -86,7 +114,10 @@ async def raw_connect(address: str, *, identity: Identity | None = None,
     except HandshakeRefused:
         return client, await client.frame()
     await stream.send_all(encode_frame(Auth(signature) if signature is not None else auth))
-    return client, await client.frame()
+    answer = await client.frame()
+    if isinstance(answer, Auth):
+        client.session = shake.session()
+    return client, answer
 
 
 class HostilePeer:
@@ -118,7 +149,7 @@ class HostilePeer:
     async def request_raw(self, data: bytes, *, timeout: float) -> tuple[str, Any]:
         client = await self._connected()
         self._next += 1
-        await client.stream.send_all(encode_frame(Request(self._next, data)))
+        await client.send(Request(self._next, data))
         with trio.fail_after(timeout):
             while True:
                 frame = await client.frame()
@@ -137,7 +168,7 @@ class HostilePeer:
 
     async def message(self, service: str, body: Any) -> None:
         client = await self._connected()
-        await client.stream.send_all(encode_frame(Message(encode_message(service, body))))
+        await client.send(Message(encode_message(service, body)))
 
     async def aclose(self) -> None:
         if self._client is not None:
