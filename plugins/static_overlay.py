@@ -13,13 +13,22 @@ any chain to other brokers (consistency over availability).
 Members are kept in a store cursor, so a node that restarts sees the same
 replica sets as before even if it cannot reach its seeds yet. Only peers
 authenticated by the transport become members; addresses learned
-from others' lists are candidates until they answer a hello themselves.
+from others' lists are candidates (at most 256) until they answer a hello
+themselves.
+
+**Admission.** Membership is open unless the network names who may join:
+``admit`` lists member public keys (hex), and ``operators`` lists operator
+public keys (hex) whose signature over a member's key admits it
+(:func:`admission_ticket`; the member passes its own ticket as
+``admission``). A peer that is neither listed nor carries a valid ticket is
+refused and never enters a replica set, however many identities it makes.
 
 Options (``NodeConfig.options["overlay"]``): ``seeds`` (list of addresses),
-``interval`` (seconds, default 1.0), ``evict_after`` (seconds, default 30.0).
+``interval`` (seconds, default 1.0), ``evict_after`` (seconds, default
+30.0), ``admit``, ``operators``, ``admission``.
 
-Service ``static``: ``{op: "hello", r: int, known: [[address, public key], ...]}``
--> ``{r: int, known: [...]}``.
+Service ``static``: ``{op: "hello", r: int, known: [[address, public key], ...],
+adm: ticket?}`` -> ``{r: int, known: [...], adm: ticket?}``.
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ketten import hookimpl, wire
+from ketten import Identity, hookimpl, verify_signature, wire
 from ketten.errors import ConfigError, DecodeError, KettenError, ProtocolError
 from ketten.interfaces import Peer
 from ketten.wire import field
@@ -39,9 +48,11 @@ from ketten.wire import field
 if TYPE_CHECKING:
     from ketten import Node
 
-__all__ = ["OverlayStatistics", "StaticOverlay"]
+__all__ = ["OverlayStatistics", "StaticOverlay", "admission_ticket"]
 
 _MAX_KNOWN = 1024
+_MAX_CANDIDATES = 256
+_ADMISSION_LABEL = b"ketten-static-admission\x00"
 _CURSOR = "overlay/static/members"
 _CANDIDATE_TRIES = 3
 
@@ -59,6 +70,30 @@ class OverlayStatistics:
     refused: int
 
 
+def admission_ticket(operator: Identity, member_key: bytes) -> bytes:
+    """The ticket with which ``operator`` admits the node whose public key is
+    ``member_key`` to a static network that lists the operator's key."""
+    return operator.sign(_ADMISSION_LABEL + member_key)
+
+
+@attrs.frozen
+class Admission:
+    """Who may join: nobody is refused when both lists are empty."""
+
+    keys: frozenset[bytes] = frozenset()
+    operators: tuple[bytes, ...] = ()
+
+    @property
+    def open(self) -> bool:
+        return not self.keys and not self.operators
+
+    def admits(self, key: bytes, ticket: Any) -> bool:
+        if self.open or key in self.keys:
+            return True
+        return type(ticket) is bytes and any(
+            verify_signature(op, ticket, _ADMISSION_LABEL + key) for op in self.operators)
+
+
 @attrs.define(eq=False)
 class _Member:
     peer: Peer
@@ -74,6 +109,9 @@ class StaticOverlay:
     seeds: list[str]
     interval: float = 1.0
     evict_after: float = 30.0
+    admission: Admission = Admission()
+    ticket: bytes | None = None
+    """This node's own admission ticket (sent with every hello)."""
     _members: dict[bytes, _Member] = attrs.field(factory=dict, init=False)
     _candidates: dict[str, int] = attrs.field(factory=dict, init=False)
     _dirty: bool = attrs.field(default=False, init=False)
@@ -213,7 +251,7 @@ class StaticOverlay:
             address, key = entry
             if key == self.node.identity.public_key or address == self.node.address:
                 continue
-            if key not in self._members:
+            if key not in self._members and len(self._candidates) < _MAX_CANDIDATES:
                 self._candidates.setdefault(address, 0)
 
     def _check_r(self, body: Any, where: str) -> None:
@@ -229,18 +267,31 @@ class StaticOverlay:
         if field(body, "op", str, where="hello") != "hello":
             raise ProtocolError("the static overlay only knows 'hello'")
         self._check_r(body, "hello")
+        if not self.admission.admits(peer.public_key, body.get("adm")):
+            self._counts["refused"] += 1
+            raise ProtocolError(f"{peer.node_id.hex()[:16]} is not admitted to this network "
+                                "(its key is not listed and it has no valid ticket)")
         self._counts["hellos_served"] += 1
         self._admit(peer)
         self._learn(body.get("known"), "hello")
-        return {"r": self.node.config.replication, "known": self._known()}
+        return self._body({"r": self.node.config.replication, "known": self._known()})
+
+    def _body(self, body: dict[str, Any]) -> dict[str, Any]:
+        if self.ticket is not None:
+            body["adm"] = self.ticket
+        return body
 
     async def _hello(self, address: str, member: _Member | None) -> None:
         self._counts["hellos_sent"] += 1
-        body = {"op": "hello", "r": self.node.config.replication, "known": self._known()}
+        body = self._body({"op": "hello", "r": self.node.config.replication,
+                           "known": self._known()})
         timeout = min(self.node.config.request_timeout, self.interval)
         try:
             peer, reply = await self.node.request(address, "static", body, timeout=timeout)
             self._check_r(reply, "hello reply")
+            if not self.admission.admits(peer.public_key, reply.get("adm")):
+                self._counts["refused"] += 1
+                raise ProtocolError(f"{address} is not admitted to this network")
             self._learn(reply.get("known"), "hello reply")
         except KettenError:
             self._counts["hello_failures"] += 1
@@ -296,4 +347,35 @@ def ketten_make_overlay(name: str, options: Mapping[str, Any], node: Node) -> St
         list(seeds),
         interval=_number(options, "interval", 1.0),
         evict_after=_number(options, "evict_after", 30.0),
+        admission=Admission(frozenset(_keys(options, "admit")), tuple(_keys(options, "operators"))),
+        ticket=_ticket(options),
     )
+
+
+def _keys(options: Mapping[str, Any], name: str) -> list[bytes]:
+    value = options.get(name, [])
+    if isinstance(value, str) or not isinstance(value, list | tuple):
+        raise ConfigError(f"overlay option {name!r} must be a list of hex public keys")
+    keys = []
+    for item in value:
+        try:
+            key = bytes.fromhex(item) if isinstance(item, str) else None
+        except ValueError:
+            key = None
+        if key is None or len(key) != 32:
+            raise ConfigError(f"overlay option {name!r}: {item!r:.80} is not a hex public key")
+        keys.append(key)
+    return keys
+
+
+def _ticket(options: Mapping[str, Any]) -> bytes | None:
+    value = options.get("admission")
+    if value is None:
+        return None
+    try:
+        ticket = bytes.fromhex(value) if isinstance(value, str) else None
+    except ValueError:
+        ticket = None
+    if ticket is None or len(ticket) != 64:
+        raise ConfigError("overlay option 'admission' must be a hex signature (64 bytes)")
+    return ticket

@@ -1,0 +1,83 @@
+"""Sybils join a static network on loopback TCP: twelve fresh identities and one
+with a ticket from the wrong operator. Membership is admitted, not announced:
+none of them becomes a member or a broker, and the honest nodes publish."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import pytest
+import trio
+
+import ketten
+from ketten import ConfigError, Identity, NodeConfig, criterion_key, open_node
+from ketten.plugins.static_overlay import Admission, admission_ticket
+
+PM = ketten.plugin_manager()
+
+
+@asynccontextmanager
+async def static_node(identity: Identity, seeds: list[str],
+                      **overlay: Any) -> AsyncIterator[ketten.Node]:
+    config = NodeConfig(identity=identity, transport="tcp", overlay="static",
+                        request_timeout=2.0,
+                        options={"overlay": {"seeds": seeds, "interval": 0.2, **overlay}})
+    async with open_node(config, plugins=PM) as node:
+        yield node
+
+
+async def test_sybils_never_become_members_or_brokers() -> None:
+    operator, impostor = Identity.generate(), Identity.generate()
+    rules = {"operators": [operator.public_key.hex()]}
+    honest_ids = [Identity.generate() for _ in range(3)]
+    async with AsyncExitStack() as stack:
+        honest: list[ketten.Node] = []
+        for ident in honest_ids:
+            ticket = admission_ticket(operator, ident.public_key).hex()
+            seeds = [honest[0].address] if honest else []
+            honest.append(await stack.enter_async_context(
+                static_node(ident, seeds, admission=ticket, **rules)))
+        sybils = [await stack.enter_async_context(static_node(Identity.generate(),
+                                                              [honest[0].address]))
+                  for _ in range(12)]
+        wrong = Identity.generate()
+        sybils.append(await stack.enter_async_context(static_node(
+            wrong, [honest[1].address],
+            admission=admission_ticket(impostor, wrong.public_key).hex())))
+        await trio.sleep(1.5)
+        keys = {n.identity.public_key for n in honest}
+        for node in honest:
+            assert node.overlay is not None
+            members = {p.public_key for p in node.overlay.members()}
+            assert members == keys - {node.identity.public_key}
+        assert sum(n.overlay.statistics().refused for n in honest) >= 13
+        for i in range(10):
+            key = criterion_key(f"admitted {i}")
+            await honest[i % 3].publish(key, b"only honest brokers")
+            config = await honest[i % 3].configuration(key)
+            assert config is not None and config.voter_keys() <= keys
+
+
+def test_admission_rules() -> None:
+    operator, member = Identity.generate(), Identity.generate()
+    ticket = admission_ticket(operator, member.public_key)
+    assert Admission().admits(member.public_key, None)  # open membership
+    listed = Admission(keys=frozenset({member.public_key}))
+    assert listed.admits(member.public_key, None)
+    assert not listed.admits(operator.public_key, None)
+    signed = Admission(operators=(operator.public_key,))
+    assert signed.admits(member.public_key, ticket)
+    assert not signed.admits(operator.public_key, ticket)  # a ticket names one key
+    assert not signed.admits(member.public_key, b"x" * 64)
+    assert not signed.admits(member.public_key, "not bytes")
+
+
+@pytest.mark.parametrize("options", [
+    {"operators": "abc"}, {"admit": ["zz" * 32]}, {"admit": ["ab" * 31]},
+    {"admission": "12"}])
+async def test_bad_admission_options_are_refused(options: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError, match="overlay option"):
+        async with static_node(Identity.generate(), [], **options):
+            pass
