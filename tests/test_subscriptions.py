@@ -108,7 +108,7 @@ def test_lease_table_bound_and_bad_bytes() -> None:
 
 
 def test_one_subscriber_holds_a_bounded_share_and_cannot_take_others_leases() -> None:
-    table = LeaseTable(max_leases=100, max_per_subscriber=3)
+    table = LeaseTable(max_leases=100, max_per_subscriber=3, max_per_chain=3)
     key = criterion_key("share")
     greedy = [Lease(bytes([i]) * 16, b"\2" * 32, "n:2", 1, 50) for i in range(10)]
     assert [table.put(key, x, now=0) for x in greedy] == ["new"] * 3 + [None] * 7
@@ -124,6 +124,11 @@ def test_one_subscriber_holds_a_bounded_share_and_cannot_take_others_leases() ->
     again = LeaseTable.decode(table.encode(), max_per_subscriber=3)
     later = [attrs.evolve(x, version=2, expires=100) for x in greedy[:4]]
     assert [again.put(key, x, now=60) for x in later] == ["new"] * 3 + [None]
+    # On one criterion a subscriber holds at most max_per_chain entries.
+    narrow = LeaseTable(max_per_chain=2)
+    assert [narrow.put(key, x, now=0) for x in greedy[:3]] == ["new", "new", None]
+    assert narrow.put(criterion_key("other"), greedy[2], now=0) == "new"
+    assert narrow.expire(now=50) and narrow.put(key, later[0], now=60) == "new"
 
 
 def test_confirmed_seq_needs_a_majority() -> None:

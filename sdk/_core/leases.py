@@ -84,18 +84,22 @@ class Lease:
 class LeaseTable:
     """Subscriber lists per criterion: last-writer-wins by version, expiring.
 
-    ``max_leases`` bounds the entries over all criteria and
-    ``max_per_subscriber`` those of one subscriber key; a new entry beyond
-    either is refused (:meth:`put` returns ``None``) and counted in
+    ``max_leases`` bounds the entries over all criteria,
+    ``max_per_subscriber`` those of one subscriber key and
+    ``max_per_chain`` those of one subscriber key on one criterion (every
+    entry costs a notification per committed event); a new entry beyond
+    any of them is refused (:meth:`put` returns ``None``) and counted in
     ``refused``. A lease never changes hands: a sid held by one subscriber is
     refused to another.
     """
 
     max_leases: int = 1 << 16
     max_per_subscriber: int = 1024
+    max_per_chain: int = 16
     _table: dict[bytes, dict[bytes, Lease]] = attrs.field(factory=dict, init=False)
     _count: int = attrs.field(default=0, init=False)
     _per_subscriber: dict[bytes, int] = attrs.field(factory=dict, init=False)
+    _per_chain: dict[tuple[bytes, bytes], int] = attrs.field(factory=dict, init=False)
     refused: int = attrs.field(default=0, init=False)
 
     def __len__(self) -> int:
@@ -120,7 +124,10 @@ class LeaseTable:
             same = known.live == lease.live and known.address == lease.address
             return "renewed" if same else "new"
         held = self._per_subscriber.get(lease.subscriber, 0)
-        if self._count >= self.max_leases or held >= self.max_per_subscriber:
+        pair = (criterion, lease.subscriber)
+        on_chain = self._per_chain.get(pair, 0)
+        if (self._count >= self.max_leases or held >= self.max_per_subscriber
+                or on_chain >= self.max_per_chain):
             self.refused += 1
             return None
         if leases is None:
@@ -128,6 +135,7 @@ class LeaseTable:
         leases[lease.sid] = lease
         self._count += 1
         self._per_subscriber[lease.subscriber] = held + 1
+        self._per_chain[pair] = on_chain + 1
         return "new"
 
     def merge(self, criterion: bytes, leases: Iterable[Lease], now: int) -> str | None:
@@ -164,6 +172,9 @@ class LeaseTable:
                 left = self._per_subscriber.pop(subscriber) - 1
                 if left:
                     self._per_subscriber[subscriber] = left
+                left = self._per_chain.pop((criterion, subscriber)) - 1
+                if left:
+                    self._per_chain[(criterion, subscriber)] = left
                 removed = True
             if not leases:
                 del self._table[criterion]
@@ -175,13 +186,14 @@ class LeaseTable:
 
     @classmethod
     def decode(cls, data: bytes, *, max_leases: int = 1 << 16,
-               max_per_subscriber: int = 1024) -> LeaseTable:
+               max_per_subscriber: int = 1024, max_per_chain: int = 16) -> LeaseTable:
         """Rebuild a table from :meth:`encode`. Raises :class:`~ketten.errors.DecodeError`."""
         where = "stored subscriber lists"
         raw = _codec.loads(data, max_size=_MAX_TABLE_BYTES, where=where)
         if type(raw) is not dict:
             raise DecodeError("expected a map of criteria", where=where)
-        table = cls(max_leases=max_leases, max_per_subscriber=max_per_subscriber)
+        table = cls(max_leases=max_leases, max_per_subscriber=max_per_subscriber,
+                    max_per_chain=max_per_chain)
         for criterion, leases in raw.items():
             _key(criterion, where)
             if type(leases) is not list:

@@ -189,6 +189,7 @@ class Feeds:
     interval: float = 2.0
     max_leases: int = 1 << 16
     max_per_subscriber: int = 1024
+    max_per_chain: int = 16
     _table: LeaseTable = attrs.field(init=False)
     _feeds: dict[bytes, Feed] = attrs.field(factory=dict, init=False)
     _by_key: dict[bytes, dict[bytes, Feed]] = attrs.field(factory=dict, init=False)
@@ -204,9 +205,11 @@ class Feeds:
         """The ``subscriptions`` options: ``ttl`` (lease seconds, default 30), ``check``
         (renewal period, default ``ttl / 3``), ``interval`` (lease anti-entropy period,
         default the replication one), ``max_leases`` (subscriber-list entries of this
-        broker, default 65,536) and ``max_per_subscriber`` (entries of one subscriber
-        node, default 1,024). Raises :class:`ConfigError`."""
-        unknown = set(options) - {"ttl", "check", "interval", "max_leases", "max_per_subscriber"}
+        broker, default 65,536), ``max_per_subscriber`` (entries of one subscriber
+        node, default 1,024) and ``max_per_chain`` (entries of one subscriber node on
+        one criterion, default 16). Raises :class:`ConfigError`."""
+        unknown = set(options) - {"ttl", "check", "interval", "max_leases", "max_per_subscriber",
+                                  "max_per_chain"}
         if unknown:
             raise ConfigError(f"unknown subscriptions options: {', '.join(sorted(unknown))}")
         ttl = _seconds(options, "ttl", 30.0)
@@ -215,7 +218,8 @@ class Feeds:
         check = _seconds(options, "check", ttl / 3)
         every = _seconds(options, "interval", interval)
         bounds = {}
-        for name, default in (("max_leases", 1 << 16), ("max_per_subscriber", 1024)):
+        for name, default in (("max_leases", 1 << 16), ("max_per_subscriber", 1024),
+                              ("max_per_chain", 16)):
             value = options.get(name, default)
             if type(value) is not int or value < 1:
                 raise ConfigError(f"subscriptions option {name!r} must be a positive int")
@@ -224,7 +228,8 @@ class Feeds:
 
     def __attrs_post_init__(self) -> None:
         self._table = LeaseTable(max_leases=self.max_leases,
-                                 max_per_subscriber=self.max_per_subscriber)
+                                 max_per_subscriber=self.max_per_subscriber,
+                                 max_per_chain=self.max_per_chain)
         self._out_send, self._out_recv = trio.open_memory_channel[tuple[bytes, Pos]](_OUTBOX)
         self._counts = dict.fromkeys(
             ("notifications_sent", "notifications_dropped", "merges_sent", "table_writes"), 0)
@@ -370,7 +375,8 @@ class Feeds:
             return
         try:
             stored = LeaseTable.decode(data, max_leases=self.max_leases,
-                                       max_per_subscriber=self.max_per_subscriber)
+                                       max_per_subscriber=self.max_per_subscriber,
+                                       max_per_chain=self.max_per_chain)
         except DecodeError:
             # Leases are soft state that subscribers renew: start afresh rather than refuse.
             return

@@ -16,9 +16,9 @@ from ketten.testing import open_cluster
 
 async def test_a_lease_flood_gets_one_subscribers_share(plugins: pluggy.PluginManager) -> None:
     share = 50
+    bounds = {"max_per_subscriber": share, "max_per_chain": 1000}
     async with open_cluster(3, plugins=plugins, transport="tcp", overlay="static",
-                            settle=1.0, options={"subscriptions": {"max_per_subscriber": share}},
-                            ) as c:
+                            settle=1.0, options={"subscriptions": bounds}) as c:
         key = criterion_key("leased")
         writer, victim = c.nodes[0], c.nodes[c.brokers(key)[0]]
         await writer.publish(key, b"first")
@@ -43,4 +43,26 @@ async def test_a_lease_flood_gets_one_subscribers_share(plugins: pluggy.PluginMa
                     if len(got) == 2:
                         break
         assert got == [b"first", b"second"]
+        await hostile.aclose()
+
+
+async def test_one_subscriber_holds_few_leases_on_one_chain(
+    plugins: pluggy.PluginManager,
+) -> None:
+    # Every lease costs a notification per committed event: one peer must not make
+    # each commit of a chain cost hundreds of them.
+    async with open_cluster(3, plugins=plugins, transport="tcp", overlay="static",
+                            settle=1.0) as c:
+        key = criterion_key("amplified")
+        writer, victim = c.nodes[0], c.nodes[c.brokers(key)[0]]
+        await writer.publish(key, b"first")
+        hostile = HostilePeer(victim.address)
+        for version in range(1, 501):
+            body = {"op": "lease", "s": secrets.token_bytes(16), "c": [key], "v": version,
+                    "t": 60_000, "live": True}
+            await hostile.request("sub", body, timeout=5.0)
+        stats = victim.subscription_statistics()
+        assert stats.leases <= 16 and stats.leases_refused >= 484, stats
+        await writer.publish(key, b"second")
+        assert victim.subscription_statistics().notifications_sent <= 16
         await hostile.aclose()
