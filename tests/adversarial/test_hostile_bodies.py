@@ -44,13 +44,16 @@ async def _honest_traffic(monkeypatch: pytest.MonkeyPatch,
     return requests, messages
 
 
-@pytest.mark.parametrize(("seed", "count"), [
-    (0, 1500), (1, 1500), *(pytest.param(s, 6000, marks=pytest.mark.slow) for s in range(2, 8))])
+@pytest.mark.parametrize(("overlay", "seed", "count"), [
+    ("static", 0, 1500), ("kademlia", 1, 1500),
+    *(pytest.param(o, s, 6000, marks=pytest.mark.slow)
+      for o in ("static", "kademlia") for s in range(2, 6))])
 async def test_mutated_bodies_end_one_request_never_the_node(
-    plugins: pluggy.PluginManager, monkeypatch: pytest.MonkeyPatch, seed: int, count: int
+    plugins: pluggy.PluginManager, monkeypatch: pytest.MonkeyPatch, overlay: str, seed: int,
+    count: int,
 ) -> None:
     requests, messages = await _honest_traffic(monkeypatch)
-    async with open_cluster(4, plugins=plugins, transport="tcp", overlay="static",
+    async with open_cluster(4, plugins=plugins, transport="tcp", overlay=overlay,
                             request_timeout=2.0, settle=1.0, seed=seed) as c:
         key = criterion_key("hostile")
         victim = c.brokers(key)[0]
