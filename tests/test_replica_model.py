@@ -380,6 +380,25 @@ def test_votes_are_given_once_per_term_and_only_to_the_up_to_date() -> None:
     assert voter.on_vote(KEYS[1], 6, True, (9, 9, 9), 200.0).granted
 
 
+def test_a_voter_ahead_of_a_leaderless_candidate_stands_itself() -> None:
+    # Elections start only when someone urges a broker; when the urged broker is
+    # behind, the one that refuses it is the one that can win, so it must stand.
+    first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
+    voter = Replica(KEY, KEYS[2], ChainState(term=1, log_term=1, configs=(first,)), (5, b"h" * 32))
+    voter.leader, voter.heard = KEYS[0], 10.0
+    behind = (1, 4, 1)
+    answer = voter.on_vote(KEYS[1], 2, True, behind, 100.0)
+    assert not answer.granted and answer.stand
+    # Not while its leader is heard from, nor for a candidate that is up to date.
+    assert not voter.on_vote(KEYS[1], 2, True, behind, 11.0).stand
+    level = voter.on_vote(KEYS[1], 2, True, (1, 5, 1), 100.0)
+    assert level.granted and not level.stand
+    # A broker that is not a voter of the configuration cannot win: it does not stand.
+    learner = Replica(KEY, KEYS[3], ChainState(term=1, log_term=1, configs=(first,)),
+                      (5, b"h" * 32))
+    assert not learner.on_vote(KEYS[1], 2, True, behind, 100.0).stand
+
+
 def test_a_joint_configuration_needs_both_majorities() -> None:
     joint = ChainConfig(2, MEMBERS[2:5], MEMBERS[:3], 0, 1)
     assert not joint.quorum([KEYS[0], KEYS[1]])  # old majority only

@@ -104,6 +104,10 @@ class VoteAnswer:
     term: int
     state: ChainState | None = None
     """Persist this state durably before answering."""
+    stand: bool = False
+    """Refused only because the candidate's log is behind ours while no leader is
+    active: this broker should stand itself, or the chain stays leaderless until
+    someone urges the one broker that can win."""
 
 
 @attrs.frozen
@@ -423,9 +427,11 @@ class Replica:
             return VoteAnswer(False, st.term)
         up_to_date = rank >= self.rank()
         if pre:
-            granted = (term > st.term and up_to_date
-                       and (force or not self.leader_active(now)))
-            return VoteAnswer(granted, st.term)
+            idle = force or not self.leader_active(now)
+            granted = term > st.term and up_to_date and idle
+            return VoteAnswer(granted, st.term,
+                              stand=not up_to_date and idle and self.role is not Role.LEADER
+                              and config is not None and config.is_voter(self.own))
         if term < st.term:
             return VoteAnswer(False, st.term)
         if not force and term > st.term and self.leader_active(now) and self.role is not Role.LEADER:

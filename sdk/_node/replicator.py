@@ -693,6 +693,8 @@ class Replicator:
                            item.term, criterion.hex()[:16], item.rank, mine)
             if answer.state is not None:
                 await self._save(replica)
+            if answer.stand and criterion not in self._campaigns and self._nursery is not None:
+                self._spawn(self._campaign_quietly, criterion, False)
             return VoteResult(criterion, answer.granted, answer.term)
 
     async def _take_elect(self, peer: Peer, body: Any) -> None:
