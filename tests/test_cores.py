@@ -555,3 +555,13 @@ def test_rate_limit_gives_a_burst_then_a_rate_per_key_and_forgets_the_oldest_key
     assert [limit.allow(b"a", 10.0) for _ in range(4)] == [True, True, True, False]
     limit.allow(b"c", 10.0)  # a third key: "b", the least recently used, is forgotten
     assert len(limit) == 2 and limit.wait(b"b", 10.0) == 0.0
+
+
+def test_rate_limit_charges_costs_and_refuses_whole() -> None:
+    from ketten._core.quota import RateLimit
+
+    limit = RateLimit(rate=100.0, burst=1000)
+    assert limit.allow(b"a", 0.0, 600) and not limit.allow(b"a", 0.0, 600)
+    # A refusal takes nothing: the 400 left are still there.
+    assert limit.allow(b"a", 0.0, 400) and limit.wait(b"a", 0.0, 250) == 2.5
+    assert not limit.allow(b"a", 2.0, 250) and limit.allow(b"a", 2.5, 250)

@@ -61,6 +61,8 @@ class Broker:
     batch_bytes: int
     creations: RateLimit
     """Chains one author may start (per author key)."""
+    author_bytes: RateLimit
+    """Bytes of events this node accepts from one author as leader (per author key)."""
     _received: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -164,6 +166,14 @@ class Broker:
             if verdict is Verdict.STALE:
                 return OfferAnswer(Answer.STALE, event=None if ref is None else ref.to_bytes())
             if verdict is Verdict.APPEND:
+                size = len(event.to_bytes())
+                now = trio.current_time()
+                if not self.author_bytes.allow(event.author, now, size):
+                    return OfferAnswer(Answer.LIMITED, message=(
+                        f"author {event.author.hex()[:16]} sent this leader more than "
+                        f"{self.author_bytes.burst:.0f} bytes of events, then more than "
+                        f"{self.author_bytes.rate:g} bytes per second; wait "
+                        f"{self.author_bytes.wait(event.author, now, size):.1f} s"))
                 try:
                     if signed_here:
                         await self._check_writer(criterion, event)

@@ -110,7 +110,7 @@ class Node:
         self._rng = random.Random(self.identity.node_id)
         self._options = ReplicationOptions.parse(
             self.config.options_for("replication"), request_timeout=self.config.request_timeout,
-            batch_bytes=self.config.sync_batch_bytes)
+            batch_bytes=self.config.sync_batch_bytes, max_event_size=self.config.max_event_size)
 
     def _wire(self) -> None:
         """Build the parts once the plugins exist."""
@@ -134,7 +134,9 @@ class Node:
         self._broker = Broker(self._rpc, chains, replicator, sets, None, config.request_timeout,
                               config.sync_batch_bytes,
                               RateLimit(self._options.creations_per_second,
-                                        self._options.creation_burst))
+                                        self._options.creation_burst),
+                              RateLimit(self._options.author_bytes_per_second,
+                                        self._options.author_bytes_burst))
         self._publisher = Publisher(self._rpc, sets, self._broker, self._member, self._stamp,
                                     self._observe, self._clock is not None, self.now_ms, config.request_timeout, self._rng,
                                     lambda: self.nursery)

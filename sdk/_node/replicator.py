@@ -95,6 +95,15 @@ def _count(options: Mapping[str, Any], name: str, default: int) -> int:
     return value
 
 
+def _at_least(options: Mapping[str, Any], name: str, default: int, least: int,
+              what: str) -> int:
+    value = options.get(name, default)
+    if type(value) is not int or value < least:
+        raise ConfigError(f"replication option {name!r} must be an integer of at least "
+                          f"{least} ({what}: one event must fit), got {value!r}")
+    return value
+
+
 @attrs.frozen
 class ReplicationOptions:
     """The ``replication`` options of a node (times in seconds)."""
@@ -118,6 +127,11 @@ class ReplicationOptions:
     """A broker starts at most ``creation_burst`` chains of one author at once, then
     ``creations_per_second``; beyond that a publish that would start one fails with
     :class:`~ketten.errors.QuotaExceeded`."""
+    author_bytes_per_second: float = float(16 << 20)
+    author_bytes_burst: int = 256 << 20
+    """A leader accepts at most ``author_bytes_burst`` bytes of events of one author at
+    once, then ``author_bytes_per_second``; beyond that a publish fails with
+    :class:`~ketten.errors.QuotaExceeded` and stores nothing."""
     allow_recovery: bool = False
     """Permit :meth:`ketten.Node.recover` (it can lose acknowledged events)."""
     request_timeout: float = 5.0
@@ -126,11 +140,12 @@ class ReplicationOptions:
 
     KNOWN = frozenset({"anti_entropy", "hysteresis", "election_timeout", "commit_flush",
                        "catch_up_limit", "creation_memory", "allow_recovery",
-                       "creations_per_second", "creation_burst", "time"})
+                       "creations_per_second", "creation_burst", "author_bytes_per_second",
+                       "author_bytes_burst", "time"})
 
     @classmethod
     def parse(cls, options: Mapping[str, Any], *, request_timeout: float,
-              batch_bytes: int) -> ReplicationOptions:
+              batch_bytes: int, max_event_size: int) -> ReplicationOptions:
         """Raises :class:`~ketten.errors.ConfigError` for unknown or bad options."""
         unknown = set(options) - cls.KNOWN
         if unknown:
@@ -151,6 +166,10 @@ class ReplicationOptions:
             creation_memory=_positive(options, "creation_memory", 600.0),
             creations_per_second=_positive(options, "creations_per_second", 64.0, "chains"),
             creation_burst=_count(options, "creation_burst", 1024),
+            author_bytes_per_second=_positive(options, "author_bytes_per_second",
+                                              float(16 << 20), "bytes"),
+            author_bytes_burst=_at_least(options, "author_bytes_burst", 256 << 20,
+                                         max_event_size, "max_event_size"),
             allow_recovery=allow,
             request_timeout=request_timeout,
             batch_bytes=batch_bytes,

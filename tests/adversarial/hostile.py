@@ -5,16 +5,21 @@ what no well-behaved node would.
   spoiled on purpose), then raw frames;
 * :class:`HostilePeer` - an authenticated peer that sends any request or
   message body to any service and reports what came back;
-* :func:`mutations` - seeded, replayable mutations of honest message bodies.
+* :func:`mutations` - seeded, replayable mutations of honest message bodies;
+* :func:`retained_memory` - the Python memory a flood leaves allocated.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import random
 import secrets
+import tracemalloc
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import trio
 
 from ketten import DecodeError, Identity
@@ -249,3 +254,27 @@ def mutations(bodies: list[tuple[str, Any]], count: int, seed: int,
         for _ in range(rng.choice([1, 1, 1, 2, 3])):
             body = mutate(body, rng)
         yield service, body
+
+
+@attrs.define
+class Retained:
+    """Bytes still allocated when a :func:`retained_memory` block ended, and its peak."""
+
+    bytes: int = 0
+    peak: int = 0
+
+
+@contextlib.contextmanager
+def retained_memory() -> Iterator[Retained]:
+    """Measure the Python allocations made inside the block that are still alive after
+    it (a garbage collection first): what a flood costs a node in memory that stays.
+    Everything in the process counts, the nodes and the flooding peer alike."""
+    gc.collect()
+    tracemalloc.start()
+    result = Retained()
+    try:
+        yield result
+    finally:
+        gc.collect()
+        result.bytes, result.peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()

@@ -8,7 +8,7 @@ import secrets
 
 import pluggy
 import trio
-from hostile import HostilePeer
+from hostile import HostilePeer, retained_memory
 
 from ketten import criterion_key
 from ketten.testing import open_cluster
@@ -24,10 +24,13 @@ async def test_a_lease_flood_gets_one_subscribers_share(plugins: pluggy.PluginMa
         await writer.publish(key, b"first")
         hostile = HostilePeer(victim.address)
         answers = []
-        for version in range(1, 2001):
-            body = {"op": "lease", "s": secrets.token_bytes(16), "c": [key], "v": version,
-                    "t": 60_000, "live": True}
-            answers.append((await hostile.request("sub", body, timeout=5.0))[0])
+        with retained_memory() as kept:
+            for version in range(1, 2001):
+                body = {"op": "lease", "s": secrets.token_bytes(16), "c": [key], "v": version,
+                        "t": 60_000, "live": True}
+                answers.append((await hostile.request("sub", body, timeout=5.0))[0])
+        # 2,000 unbounded leases keep about 1.4 MB; the 50 kept and the refusals far less.
+        assert kept.bytes < 1 << 20, kept
         assert answers.count("reply") == 2000  # refused quietly: the answer carries no hint
         stats = victim.subscription_statistics()
         assert stats.leases <= share + 10, stats

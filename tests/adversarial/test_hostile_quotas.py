@@ -7,7 +7,8 @@ from __future__ import annotations
 import pluggy
 import pytest
 
-from ketten import QuotaExceeded, criterion_key
+from ketten import ConfigError, Identity, NodeConfig, QuotaExceeded, criterion_key, open_node
+from ketten.adapters.memory import MemoryNetwork
 from ketten.testing import open_cluster
 
 
@@ -41,3 +42,45 @@ async def test_one_author_starts_a_bounded_number_of_chains(
             await flooder.publish("one more", b"refused")
         stats = [n.statistics() for n in c.nodes.values()]
         assert all(s.internal_errors == 0 for s in stats)
+
+
+async def test_one_author_stores_a_bounded_number_of_bytes_per_interval(
+    plugins: pluggy.PluginManager,
+) -> None:
+    burst = 1 << 20  # at least the largest event: one event must always fit
+    limits = {"replication": {"author_bytes_burst": burst, "author_bytes_per_second": 1.0}}
+    async with open_cluster(3, plugins=plugins, transport="tcp", overlay="static",
+                            settle=1.0, options=limits) as c:
+        flooder, other = c.nodes[0], c.nodes[1]
+        key = criterion_key("bytes")
+        block = bytes(64 << 10)
+        accepted = 0
+        with pytest.raises(QuotaExceeded) as refused:
+            for _ in range(40):
+                await flooder.publish(key, block)
+                accepted += 1
+        assert "bytes of events" in str(refused.value) and "nothing was stored" in str(
+            refused.value)
+        assert 10 <= accepted < 16, accepted  # 1 MiB of 64 KiB events, with their headers
+        for node in c.nodes.values():
+            head = await node.store.head(key)
+            assert head is not None and head.seq <= accepted - 1
+        # Another author writes to the same chain at the same leader.
+        await other.publish(key, block)
+        with pytest.raises(QuotaExceeded):
+            await flooder.publish(key, block)
+        stats = [n.statistics() for n in c.nodes.values()]
+        assert all(s.internal_errors == 0 for s in stats)
+
+
+@pytest.mark.parametrize("options", [
+    {"author_bytes_burst": 1000}, {"author_bytes_burst": 2.5e6},
+    {"author_bytes_per_second": 0}])
+async def test_bad_byte_quotas_are_refused(plugins: pluggy.PluginManager,
+                                           options: dict[str, object]) -> None:
+    config = NodeConfig(identity=Identity.generate(), overlay="static",
+                        options={"transport": {"network": MemoryNetwork()},
+                                 "replication": options})
+    with pytest.raises(ConfigError, match="author_bytes"):
+        async with open_node(config, plugins=plugins):
+            pass
