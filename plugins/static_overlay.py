@@ -358,11 +358,8 @@ def _keys(options: Mapping[str, Any], name: str) -> list[bytes]:
         raise ConfigError(f"overlay option {name!r} must be a list of hex public keys")
     keys = []
     for item in value:
-        try:
-            key = bytes.fromhex(item) if isinstance(item, str) else None
-        except ValueError:
-            key = None
-        if key is None or len(key) != 32:
+        key = _hex(item, 32)
+        if key is None:
             raise ConfigError(f"overlay option {name!r}: {item!r:.80} is not a hex public key")
         keys.append(key)
     return keys
@@ -372,10 +369,16 @@ def _ticket(options: Mapping[str, Any]) -> bytes | None:
     value = options.get("admission")
     if value is None:
         return None
-    try:
-        ticket = bytes.fromhex(value) if isinstance(value, str) else None
-    except ValueError:
-        ticket = None
-    if ticket is None or len(ticket) != 64:
+    ticket = _hex(value, 64)
+    if ticket is None:
         raise ConfigError("overlay option 'admission' must be a hex signature (64 bytes)")
     return ticket
+
+
+def _hex(value: Any, size: int) -> bytes | None:
+    """``value`` as ``size`` bytes if it is their hex string, else ``None``."""
+    try:
+        data = bytes.fromhex(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return data if data is not None and len(data) == size else None

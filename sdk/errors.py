@@ -82,7 +82,8 @@ class CommandIdReused(UsageError):
 
 class QuotaExceeded(UsageError):
     """A broker refused because the caller is over one of its quotas (how many
-    chains one author may start per interval); the message names the quota.
+    chains one author may start, or bytes of events it may send, per interval);
+    the message names the quota and how long to wait.
     Nothing was stored: try again later, or ask the operators for a higher limit."""
 
 

@@ -80,6 +80,13 @@ class Lease:
         return cls(sid, subscriber, address, version, expires, live)
 
 
+def _release(counts: dict[Any, int], key: Any) -> None:
+    """One entry fewer under ``key``; a key with none left is dropped."""
+    left = counts.pop(key) - 1
+    if left:
+        counts[key] = left
+
+
 @attrs.define(eq=False)
 class LeaseTable:
     """Subscriber lists per criterion: last-writer-wins by version, expiring.
@@ -169,12 +176,8 @@ class LeaseTable:
             for sid in [s for s, lease in leases.items() if lease.expires <= now]:
                 subscriber = leases.pop(sid).subscriber
                 self._count -= 1
-                left = self._per_subscriber.pop(subscriber) - 1
-                if left:
-                    self._per_subscriber[subscriber] = left
-                left = self._per_chain.pop((criterion, subscriber)) - 1
-                if left:
-                    self._per_chain[(criterion, subscriber)] = left
+                _release(self._per_subscriber, subscriber)
+                _release(self._per_chain, (criterion, subscriber))
                 removed = True
             if not leases:
                 del self._table[criterion]

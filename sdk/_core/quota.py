@@ -33,23 +33,26 @@ class RateLimit:
     def allow(self, key: bytes, now: float, cost: float = 1.0) -> bool:
         """Take ``cost`` tokens of ``key`` at time ``now``; ``False`` (counted, nothing
         taken) if fewer are left."""
-        tokens, then = self._buckets.pop(key, (self.burst, now))
-        tokens = min(self.burst, tokens + max(0.0, now - then) * self.rate)
+        tokens = self._level(key, now)
         allowed = tokens >= cost
         if allowed:
             tokens -= cost
         else:
             self.refused += 1
         self._buckets[key] = (tokens, now)
+        self._buckets.move_to_end(key)  # least recently used first
         while len(self._buckets) > self.max_keys:
             self._buckets.popitem(last=False)
         return allowed
 
     def wait(self, key: bytes, now: float, cost: float = 1.0) -> float:
         """Seconds until ``key`` has ``cost`` tokens again (0 if it has them now)."""
-        tokens, then = self._buckets.get(key, (self.burst, now))
-        tokens = min(self.burst, tokens + max(0.0, now - then) * self.rate)
+        tokens = self._level(key, now)
         return 0.0 if tokens >= cost else (cost - tokens) / self.rate
+
+    def _level(self, key: bytes, now: float) -> float:
+        tokens, then = self._buckets.get(key, (self.burst, now))
+        return min(self.burst, tokens + max(0.0, now - then) * self.rate)
 
     def __len__(self) -> int:
         return len(self._buckets)

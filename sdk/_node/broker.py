@@ -48,6 +48,17 @@ from .rpc import Rpc
 __all__ = ["Broker"]
 
 
+def _over_quota(limit: RateLimit, author: bytes, cost: float, what: str) -> OfferAnswer | None:
+    """Take ``cost`` of ``author``'s quota, or the refusal naming it (``what`` has
+    ``{burst}`` and ``{rate}`` in it)."""
+    now = trio.current_time()
+    if limit.allow(author, now, cost):
+        return None
+    said = what.format(burst=f"{limit.burst:.0f}", rate=f"{limit.rate:g}")
+    return OfferAnswer(Answer.LIMITED, message=(
+        f"author {author.hex()[:16]} {said}; wait {limit.wait(author, now, cost):.1f} s"))
+
+
 @attrs.define(eq=False)
 class Broker:
     """The broker side of publish and read."""
@@ -110,13 +121,12 @@ class Broker:
         if replica is None or replica.config is None:
             if item.create is None:
                 return OfferAnswer(Answer.ABSENT, message="this node holds no such chain")
-            now = trio.current_time()
-            if event.seq == 0 and not self.creations.allow(event.author, now):
-                return OfferAnswer(Answer.LIMITED, message=(
-                    f"author {event.author.hex()[:16]} started more than "
-                    f"{self.creations.burst:.0f} chains at this broker, then more than "
-                    f"{self.creations.rate:g} per second; wait "
-                    f"{self.creations.wait(event.author, now):.1f} s"))
+            if event.seq == 0:
+                refused = _over_quota(self.creations, event.author, 1,
+                                      "started more than {burst} chains at this broker, "
+                                      "then more than {rate} per second")
+                if refused is not None:
+                    return refused
             made = await self.replicator.create(criterion, tuple(item.create))
             if isinstance(made, Route):
                 self.sets.learn(criterion, made)
@@ -166,14 +176,11 @@ class Broker:
             if verdict is Verdict.STALE:
                 return OfferAnswer(Answer.STALE, event=None if ref is None else ref.to_bytes())
             if verdict is Verdict.APPEND:
-                size = len(event.to_bytes())
-                now = trio.current_time()
-                if not self.author_bytes.allow(event.author, now, size):
-                    return OfferAnswer(Answer.LIMITED, message=(
-                        f"author {event.author.hex()[:16]} sent this leader more than "
-                        f"{self.author_bytes.burst:.0f} bytes of events, then more than "
-                        f"{self.author_bytes.rate:g} bytes per second; wait "
-                        f"{self.author_bytes.wait(event.author, now, size):.1f} s"))
+                refused = _over_quota(self.author_bytes, event.author, len(event.to_bytes()),
+                                      "sent this leader more than {burst} bytes of events, "
+                                      "then more than {rate} bytes per second")
+                if refused is not None:
+                    return refused
                 try:
                     if signed_here:
                         await self._check_writer(criterion, event)

@@ -355,7 +355,8 @@ class Node:
         :class:`~ketten.errors.CommandIdReused` when the command id already
         names other content; :class:`~ketten.errors.QuotaExceeded` when the
         event would start a chain and its author started too many at the
-        broker lately; :class:`~ketten.errors.WriterNotAllowed` /
+        broker lately, or its author sent the leader too many bytes lately;
+        :class:`~ketten.errors.WriterNotAllowed` /
         :class:`~ketten.errors.InvalidEvent` when the brokers refuse the
         event; :class:`~ketten.errors.UsageError` for bad arguments.
         """

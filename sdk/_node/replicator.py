@@ -87,20 +87,12 @@ def _positive(options: Mapping[str, Any], name: str, default: float,
     return float(value)
 
 
-def _count(options: Mapping[str, Any], name: str, default: int) -> int:
-    value = options.get(name, default)
-    if type(value) is not int or value < 1:
-        raise ConfigError(f"replication option {name!r} must be a positive integer, "
-                          f"got {value!r}")
-    return value
-
-
-def _at_least(options: Mapping[str, Any], name: str, default: int, least: int,
-              what: str) -> int:
+def _at_least(options: Mapping[str, Any], name: str, default: int, least: int = 1,
+              why: str = "") -> int:
     value = options.get(name, default)
     if type(value) is not int or value < least:
         raise ConfigError(f"replication option {name!r} must be an integer of at least "
-                          f"{least} ({what}: one event must fit), got {value!r}")
+                          f"{least}{why}, got {value!r}")
     return value
 
 
@@ -165,11 +157,12 @@ class ReplicationOptions:
             catch_up_limit=_positive(options, "catch_up_limit", 120.0),
             creation_memory=_positive(options, "creation_memory", 600.0),
             creations_per_second=_positive(options, "creations_per_second", 64.0, "chains"),
-            creation_burst=_count(options, "creation_burst", 1024),
+            creation_burst=_at_least(options, "creation_burst", 1024),
             author_bytes_per_second=_positive(options, "author_bytes_per_second",
                                               float(16 << 20), "bytes"),
             author_bytes_burst=_at_least(options, "author_bytes_burst", 256 << 20,
-                                         max_event_size, "max_event_size"),
+                                         max_event_size,
+                                         " (max_event_size: one event must fit)"),
             allow_recovery=allow,
             request_timeout=request_timeout,
             batch_bytes=batch_bytes,

@@ -60,10 +60,7 @@ class RawClient:
     async def frame(self) -> Any:
         """The node's next frame, or ``None`` once it closed the connection."""
         while (body := self.decoder.next_body()) is None:
-            try:
-                data = await self.stream.receive_some(65536)
-            except trio.BrokenResourceError:
-                return None
+            data = await self._receive()
             if not data:
                 return None
             self.decoder.feed(data)
@@ -90,13 +87,16 @@ class RawClient:
     async def closed(self) -> bool:
         """True once the node closed the connection (anything it still sends is skipped)."""
         with trio.fail_after(5):
-            while True:
-                try:
-                    data = await self.stream.receive_some(65536)
-                except trio.BrokenResourceError:
-                    return True
-                if not data:
-                    return True
+            while await self._receive():
+                pass
+        return True
+
+    async def _receive(self) -> bytes:
+        """The next bytes from the node (empty once it closed or broke the connection)."""
+        try:
+            return await self.stream.receive_some(65536)
+        except trio.BrokenResourceError:
+            return b""
 
 
 async def raw_connect(address: str, *, identity: Identity | None = None,
