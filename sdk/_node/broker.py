@@ -122,6 +122,15 @@ class Broker:
             if item.create is None:
                 return OfferAnswer(Answer.ABSENT, message="this node holds no such chain")
             if event.seq == 0:
+                # Only a signed event may charge its author's quota: a forged one
+                # would let anyone use up an honest author's chains.
+                if not signed_here:
+                    try:
+                        event.verify()
+                    except InvalidEvent as exc:
+                        self.chains.count_invalid()
+                        return OfferAnswer(Answer.INVALID, reason=exc.reason, message=str(exc))
+                    signed_here = True  # checked: _decide need not check it again
                 refused = _over_quota(self.creations, event.author, 1,
                                       "started more than {burst} chains at this broker, "
                                       "then more than {rate} per second")
@@ -176,11 +185,6 @@ class Broker:
             if verdict is Verdict.STALE:
                 return OfferAnswer(Answer.STALE, event=None if ref is None else ref.to_bytes())
             if verdict is Verdict.APPEND:
-                refused = _over_quota(self.author_bytes, event.author, len(event.to_bytes()),
-                                      "sent this leader more than {burst} bytes of events, "
-                                      "then more than {rate} bytes per second")
-                if refused is not None:
-                    return refused
                 try:
                     if signed_here:
                         await self._check_writer(criterion, event)
@@ -189,6 +193,12 @@ class Broker:
                         await chains.verify_run(criterion, head, [event])
                 except InvalidEvent as exc:
                     return OfferAnswer(Answer.INVALID, reason=exc.reason, message=str(exc))
+                # Charged once the signature checked out, as for creations.
+                refused = _over_quota(self.author_bytes, event.author, len(event.to_bytes()),
+                                      "sent this leader more than {burst} bytes of events, "
+                                      "then more than {rate} bytes per second")
+                if refused is not None:
+                    return refused
                 try:
                     await chains.append([event])
                 except StoreConflict:
