@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,7 +16,7 @@ from test_replication import Cluster
 from ketten import Event, Node, criterion_key
 from ketten._core.leases import CursorState, Lease, LeaseTable, confirmed_seq
 from ketten.adapters.memory import Faults, MemoryNetwork
-from ketten.errors import DecodeError, KettenError, UsageError
+from ketten.errors import DecodeError, KettenError, StoreCorrupted, UsageError
 
 
 @asynccontextmanager
@@ -312,3 +313,116 @@ async def test_durable_subscription_resumes_and_unsubscribes(plugins, autojump_c
         assert not any(c.nodes[i]._feeds.entries(key) for i in c.brokers(key))
         fresh = await c.nodes[index].durable_subscription("d", ["durable"])
         assert fresh.position == {key: 0}
+
+
+async def restart(c: Cluster, index: int) -> Node:
+    await c.stop(index)
+    return await c.start(index, options={**c.config(index).options, "subscriptions": {"ttl": 6.0}})
+
+
+async def test_get_acknowledges_by_the_next_get_so_a_crash_repeats_only_that_event(
+        plugins, autojump_clock) -> None:
+    async with sub_cluster(plugins, 5, subscriptions={"ttl": 6.0}) as c:
+        key = criterion_key("acked")
+        index = outsider(c, key)
+        for n in range(4):
+            await publish(c.nodes[0], key, b"%d" % n, n)
+        sub = await c.nodes[index].durable_subscription("a", ["acked"])
+        first = await sub.get()
+        assert first.payload == b"0" and sub.pending == first and sub.position == {key: 0}
+        assert (await sub.get()).payload == b"1"
+        assert sub.position == {key: 1} and sub.delivered == 1
+        node = await restart(c, index)  # a crash: event 1 was returned, never acknowledged
+        again = await node.durable_subscription("a", ["acked"])
+        assert again.position == {key: 1} and again.pending is None
+        assert (await again.get()).payload == b"1"
+        await again.ack()
+        await again.ack()  # nothing pending: a no-op
+        assert again.position == {key: 2} and again.pending is None
+        await again.aclose()
+        node = await restart(c, index)
+        third = await node.durable_subscription("a", ["acked"])
+        assert [(await third.get()).payload for _ in range(2)] == [b"2", b"3"]
+        assert third.delivered == 3
+
+
+async def test_cursor_in_the_applications_transaction_commits_with_the_effect(
+        plugins, autojump_clock, tmp_path) -> None:
+    app = tmp_path / "app.sqlite"
+
+    def connect() -> sqlite3.Connection:
+        db = sqlite3.connect(app)
+        db.execute("CREATE TABLE IF NOT EXISTS effects (seq INTEGER)")
+        db.commit()
+        return db
+
+    def effects(db: sqlite3.Connection) -> list[int]:
+        return [row[0] for row in db.execute("SELECT seq FROM effects ORDER BY rowid")]
+
+    async with sub_cluster(plugins, 5, subscriptions={"ttl": 6.0}) as c:
+        key = criterion_key("effects")
+        index = outsider(c, key)
+        for n in range(4):
+            await publish(c.nodes[0], key, b"%d" % n, n)
+        db = connect()
+        sub = await c.nodes[index].durable_subscription("t", ["effects"], cursor_in=db)
+        async with sub.next() as event:
+            db.execute("INSERT INTO effects VALUES (?)", (event.seq,))
+        with pytest.raises(RuntimeError):
+            async with sub.next() as event:
+                db.execute("INSERT INTO effects VALUES (?)", (event.seq,))
+                raise RuntimeError("processing failed")
+        assert effects(db) == [0]  # rolled back with its cursor
+        async with sub.next() as event:
+            assert event.seq == 1
+            db.execute("INSERT INTO effects VALUES (?)", (event.seq,))
+        with pytest.raises(UsageError, match="cursor_in"):
+            await sub.get()
+        db.close()
+        # The node crashes; its own store knows nothing of this cursor.
+        node = await restart(c, index)
+        assert await node._feeds.chains.store.get_cursor("ketten/durable/t") is None
+        db = connect()
+        again = await node.durable_subscription("t", ["effects"], cursor_in=db)
+        assert again.position == {key: 2} and again.delivered == 2
+        for _ in range(2):
+            async with again.next() as event:
+                db.execute("INSERT INTO effects VALUES (?)", (event.seq,))
+        assert effects(db) == [0, 1, 2, 3]
+        (raw,) = db.execute("SELECT state FROM ketten_cursors WHERE name = 't'").fetchone()
+        assert CursorState.decode(raw, where="test").next == {key: 4}
+
+        db.execute("UPDATE ketten_cursors SET state = x'00ff' WHERE name = 't'")
+        db.commit()
+        await again.aclose()
+        with pytest.raises(StoreCorrupted, match="ketten_cursors"):
+            await node.durable_subscription("t", ["effects"], cursor_in=db)
+        db.close()
+
+
+async def test_cursor_in_refuses_what_cannot_commit_with_the_effect(
+        plugins, autojump_clock, tmp_path) -> None:
+    async with sub_cluster(plugins, 3, subscriptions={"ttl": 6.0}) as c:
+        node = c.nodes[0]
+        with pytest.raises(UsageError, match="autocommit"):
+            await node.durable_subscription(
+                "x", ["a"], cursor_in=sqlite3.connect(tmp_path / "a.sqlite", isolation_level=None))
+        with pytest.raises(UsageError, match="DB-API connection"):
+            await node.durable_subscription("x", ["a"], cursor_in=object())
+
+
+async def test_a_subscriber_reads_no_further_ahead_than_its_buffer(plugins, autojump_clock) -> None:
+    async with sub_cluster(plugins, 4, subscriptions={"ttl": 9.0, "buffer": 40}) as c:
+        key = criterion_key("long")
+        index = outsider(c, key)
+        published = [await publish(c.nodes[0], key, b"%d" % n, n) for n in range(300)]
+        got: list[Event] = []
+        async with c.nodes[index].subscribe(["long"]) as sub:
+            async for event in sub:
+                got.append(event)
+                assert sub.statistics().buffered <= 40
+                if len(got) == len(published):
+                    break
+            stats = sub.statistics()
+        assert [e.hash for e in got] == [e.hash for e in published]
+        assert 1 <= stats.peak_buffered <= 40 and stats.delivered == 300

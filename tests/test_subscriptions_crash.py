@@ -1,11 +1,14 @@
-"""Exactly-once ``get()`` with real parts: subscriber processes SIGKILLed and restarted at
-random points, a broker restarted, 10 % of all frames lost (the ``lossy`` test transport
-over loopback TCP, see ``lossy_transport.py``), SQLite stores."""
+"""Durable subscriptions with real parts: two subscriber processes, each SIGKILLed and
+restarted at random points 20 times while a publisher publishes and a broker restarts,
+10 % of all frames lost (the ``lossy`` test transport over loopback TCP, see
+``lossy_transport.py``), SQLite stores. One acknowledges by its next ``get()``; the other
+writes its effects into its own SQLite database in the transaction that holds the cursor."""
 
 from __future__ import annotations
 
 import random
 import socket
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -22,10 +25,10 @@ from ketten.testing import deterministic_identity
 
 WORKER = Path(__file__).with_name("subscriber_worker.py")
 SEED = 77
-SUBSCRIBER = 10
+SUBSCRIBERS = (10, 13)
 BROKERS = 3
 PER_CRITERION = 30
-KILLS = 6
+KILLS = 20
 
 
 def free_ports(count: int) -> list[int]:
@@ -39,15 +42,15 @@ def free_ports(count: int) -> list[int]:
 
 
 def criteria_brokered_by_the_brokers(count: int) -> list[str]:
-    """Names whose 3 closest nodes are the broker processes, not the subscriber."""
-    ids = {i: deterministic_identity(SEED, i).node_id for i in [*range(BROKERS), SUBSCRIBER]}
+    """Names whose 3 closest nodes are the broker processes, not a subscriber."""
+    ids = {i: deterministic_identity(SEED, i).node_id for i in [*range(BROKERS), *SUBSCRIBERS]}
     names: list[str] = []
     n = 0
     while len(names) < count:
         name = f"orders-{n}"
         target = int.from_bytes(criterion_key(name), "big")
         closest = sorted(ids, key=lambda i: int.from_bytes(ids[i], "big") ^ target)[:BROKERS]
-        if SUBSCRIBER not in closest:
+        if not set(SUBSCRIBERS) & set(closest):
             names.append(name)
         n += 1
     return names
@@ -77,17 +80,18 @@ async def publish(node: Node, key: bytes, payload: bytes, command: int) -> Event
             await trio.sleep(0.2)
 
 
-async def run_worker(store: Path, run: int, seeds: list[str], names: list[str],
-                     kill_after: float | None) -> list[str]:
+async def run_worker(route: str, identity: int, store: Path, run: int, seeds: list[str],
+                     names: list[str], kill_after: float | None) -> list[str]:
     """Run one subscriber process; SIGKILL it after ``kill_after`` seconds (None: let it
     finish). Returns its output lines."""
     total = PER_CRITERION * len(names)
     proc = await trio.lowlevel.open_process(
-        [sys.executable, str(WORKER), str(store), str(run), str(total), *seeds, "--", *names],
+        [sys.executable, str(WORKER), route, str(identity), str(store), str(run), str(total),
+         *seeds, "--", *names],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert proc.stdout is not None
     buffer = bytearray()
-    with trio.move_on_after(kill_after if kill_after is not None else 60.0):
+    with trio.move_on_after(kill_after if kill_after is not None else 90.0):
         while True:
             chunk = await proc.stdout.receive_some()
             if not chunk:
@@ -102,8 +106,21 @@ async def run_worker(store: Path, run: int, seeds: list[str], names: list[str],
     return lines[:-1] if lines and not bytes(buffer).endswith(b"\n") else lines
 
 
+async def stored_cursor(store: Path, keys: list[bytes]) -> tuple[CursorState, dict[bytes, list[Event]]]:
+    """The ``get`` subscriber's cursor and the events below it in its own store."""
+    subscriber = SqliteStore(path=str(store))
+    await subscriber.open()
+    try:
+        raw = await subscriber.get_cursor("ketten/durable/worker")
+        assert raw is not None
+        state = CursorState.decode(raw, where="test")
+        return state, {k: await subscriber.range(k, 0, state.next[k]) for k in keys}
+    finally:
+        await subscriber.aclose()
+
+
 @pytest.mark.slow
-async def test_durable_get_is_exactly_once_across_crashes(tmp_path: Path) -> None:
+async def test_durable_subscribers_lose_nothing_across_crashes(tmp_path: Path) -> None:
     pm = plugin_manager(extra=(lossy_transport,))
     addresses = [f"127.0.0.1:{p}" for p in free_ports(BROKERS)]
     names = criteria_brokered_by_the_brokers(2)
@@ -112,7 +129,8 @@ async def test_durable_get_is_exactly_once_across_crashes(tmp_path: Path) -> Non
     nodes: dict[int, Node] = {}
     scopes: dict[int, trio.CancelScope] = {}
     published: list[Event] = []
-    runs: list[list[str]] = []
+    runs: dict[str, list[list[str]]] = {"get": [], "txn": []}
+    stores = {"get": tmp_path / "get-subscriber", "txn": tmp_path / "txn-subscriber"}
     loss: list[int] = []
 
     async with trio.open_nursery() as nursery:
@@ -134,54 +152,77 @@ async def test_durable_get_is_exactly_once_across_crashes(tmp_path: Path) -> Non
             for n in range(PER_CRITERION):
                 for key in keys:
                     published.append(await publish(nodes[0], key, b"%s/%d" % (key[:4].hex().encode(), n), n))
-                await trio.sleep(0.35)
+                await trio.sleep(0.8)
 
-        nursery.start_soon(publisher)
-        store = tmp_path / "subscriber"
-        for run in range(KILLS):
-            runs.append(await run_worker(store, run, addresses, names, rng.uniform(1.0, 3.0)))
-            if run == 1:
-                scopes[2].cancel()
-                while 2 in nodes:
-                    await trio.sleep(0.05)
-                await trio.sleep(0.5)
-                await nursery.start(serve, 2)
-        runs.append(await run_worker(store, KILLS, addresses, names, None))
+        async def restart_a_broker() -> None:
+            await trio.sleep(8.0)
+            scopes[2].cancel()
+            while 2 in nodes:
+                await trio.sleep(0.05)
+            await trio.sleep(0.5)
+            await nursery.start(serve, 2)
+
+        async def subscriber(route: str, identity: int, kills: list[float]) -> None:
+            for run, after in enumerate(kills):
+                runs[route].append(await run_worker(route, identity, stores[route], run,
+                                                    addresses, names, after))
+            while len(published) < PER_CRITERION * len(keys):
+                await trio.sleep(0.2)
+            runs[route].append(await run_worker(route, identity, stores[route], len(kills),
+                                                addresses, names, None))
+
+        async with trio.open_nursery() as work:
+            work.start_soon(publisher)
+            work.start_soon(restart_a_broker)
+            for route, identity in zip(("get", "txn"), SUBSCRIBERS, strict=True):
+                work.start_soon(subscriber, route, identity,
+                                [rng.uniform(0.8, 2.5) for _ in range(KILLS)])
         assert len(published) == PER_CRITERION * len(keys)
         nursery.cancel_scope.cancel()
 
-    subscriber = SqliteStore(path=str(store))
-    await subscriber.open()
-    try:
-        raw = await subscriber.get_cursor("ketten/durable/worker")
-        assert raw is not None
-        state = CursorState.decode(raw, where="test")
-        consumed = {k: await subscriber.range(k, 0, state.next[k]) for k in keys}
-    finally:
-        await subscriber.aclose()
+    by_key = {k: [e.hash.hex() for e in published if e.criterion == k] for k in keys}
+    assert sum(loss) > 0
 
-    # The delivery record: every published event delivered, nothing else, in chain order.
+    # -- acknowledged by the next get(): nothing lost, only the unacknowledged event repeats
+    state, consumed = await stored_cursor(stores["get"], keys)
     assert state.delivered == len(published)
     assert state.next == dict.fromkeys(keys, PER_CRITERION)
-    assert {e.hash for c in consumed.values() for e in c} == {e.hash for e in published}
-    by_key = {k: [e for e in published if e.criterion == k] for k in keys}
     for key in keys:
-        assert [e.hash for e in consumed[key]] == [e.hash for e in by_key[key]]
-
-    # What the application saw: never an event twice, each criterion in order,
-    # and at most one event per kill that was recorded but not seen.
+        assert [e.hash.hex() for e in consumed[key]] == by_key[key]
     seen: list[tuple[str, int, str]] = []
-    for lines in runs:
-        for line in lines:
-            if line.startswith("got "):
-                _, criterion, seq, digest = line.split()
+    acknowledged: set[str] = set()
+    repeats = 0
+    for lines in runs["get"]:
+        got = [tuple(line.split()[1:]) for line in lines if line.startswith("got ")]
+        for n, (criterion, seq, digest) in enumerate(got):
+            if any(s[2] == digest for s in seen):
+                # Only an event nobody acknowledged may come again: no get() followed it
+                # in its run, and nothing of its criterion came after it.
+                last = [s for s in seen if s[0] == criterion][-1]
+                assert digest not in acknowledged and last[2] == digest, \
+                    f"{criterion[:8]}/{seq} was acknowledged and returned again"
+                repeats += 1
+            else:
                 seen.append((criterion, int(seq), digest))
-    assert len({s[2] for s in seen}) == len(seen), "an event was returned twice"
+            if n + 1 < len(got):
+                acknowledged.add(digest)
     for key in keys:
-        seqs = [s[1] for s in seen if s[0] == key.hex()]
-        assert seqs == sorted(seqs)
-        assert [s[2] for s in seen if s[0] == key.hex()] == [
-            consumed[key][q].hash.hex() for q in seqs]
-    assert len(published) - len(seen) <= KILLS
-    assert sum(1 for lines in runs[:KILLS] if any(x.startswith("got ") for x in lines)) >= 2
-    assert sum(loss) > 0
+        assert [s[2] for s in seen if s[0] == key.hex()] == by_key[key]
+    assert repeats <= KILLS
+    assert sum(1 for lines in runs["get"][:KILLS] if any(x.startswith("got ") for x in lines)) >= 5
+
+    # -- the cursor in the application's transaction: every effect exactly once, in order
+    db = sqlite3.connect(str(stores["txn"]) + ".app")
+    try:
+        rows = db.execute("SELECT criterion, seq, hash FROM effects ORDER BY rowid").fetchall()
+        (raw,) = db.execute("SELECT state FROM ketten_cursors WHERE name = 'worker'").fetchone()
+    finally:
+        db.close()
+    assert len(rows) == len(published)
+    for key in keys:
+        mine = [(seq, digest) for criterion, seq, digest in rows if criterion == key.hex()]
+        assert mine == list(enumerate(by_key[key]))
+    app_state = CursorState.decode(raw, where="test")
+    assert app_state.delivered == len(published)
+    assert app_state.next == dict.fromkeys(keys, PER_CRITERION)
+    assert sum(1 for lines in runs["txn"][:KILLS] if lines and lines[0].startswith("ready")) >= 5

@@ -25,6 +25,7 @@ Wire (bodies are CBOR maps):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import random
@@ -55,6 +56,8 @@ from ..errors import (
     UsageError,
 )
 from ..interfaces import Peer
+from .app_cursor import TABLE as APP_CURSOR_TABLE
+from .app_cursor import ConnectionCursor
 from .local_chains import LocalChains
 from .rpc import Rpc, guarded
 
@@ -143,6 +146,9 @@ class SubscriptionStatistics:
     brokers' commit positions); ``invalid``: notified events that failed
     verification; ``delivered``: events handed to the application;
     ``holdback_full``: offers refused by the delivery plugin's bound;
+    ``buffered``: events read and waiting for the application now;
+    ``peak_buffered``: the most that ever waited (at most the ``buffer`` option,
+    plus what one offer releases from the delivery plugin's holdback);
     ``delivery``: the plugin's own statistics.
     """
 
@@ -154,6 +160,8 @@ class SubscriptionStatistics:
     invalid: int
     delivered: int
     holdback_full: int
+    buffered: int
+    peak_buffered: int
     delivery: Any
 
 
@@ -190,6 +198,8 @@ class Feeds:
     max_leases: int = 1 << 16
     max_per_subscriber: int = 1024
     max_per_chain: int = 16
+    buffer: int = 1024
+    """Events one subscription takes from its chains ahead of the application."""
     _table: LeaseTable = attrs.field(init=False)
     _feeds: dict[bytes, Feed] = attrs.field(factory=dict, init=False)
     _by_key: dict[bytes, dict[bytes, Feed]] = attrs.field(factory=dict, init=False)
@@ -206,10 +216,11 @@ class Feeds:
         (renewal period, default ``ttl / 3``), ``interval`` (lease anti-entropy period,
         default the replication one), ``max_leases`` (subscriber-list entries of this
         broker, default 65,536), ``max_per_subscriber`` (entries of one subscriber
-        node, default 1,024) and ``max_per_chain`` (entries of one subscriber node on
-        one criterion, default 16). Raises :class:`ConfigError`."""
+        node, default 1,024), ``max_per_chain`` (entries of one subscriber node on
+        one criterion, default 16) and ``buffer`` (events a subscription reads from its
+        chains ahead of the application, default 1,024). Raises :class:`ConfigError`."""
         unknown = set(options) - {"ttl", "check", "interval", "max_leases", "max_per_subscriber",
-                                  "max_per_chain"}
+                                  "max_per_chain", "buffer"}
         if unknown:
             raise ConfigError(f"unknown subscriptions options: {', '.join(sorted(unknown))}")
         ttl = _seconds(options, "ttl", 30.0)
@@ -219,7 +230,7 @@ class Feeds:
         every = _seconds(options, "interval", interval)
         bounds = {}
         for name, default in (("max_leases", 1 << 16), ("max_per_subscriber", 1024),
-                              ("max_per_chain", 16)):
+                              ("max_per_chain", 16), ("buffer", 1024)):
             value = options.get(name, default)
             if type(value) is not int or value < 1:
                 raise ConfigError(f"subscriptions option {name!r} must be a positive int")
@@ -490,12 +501,12 @@ class Feed:
         self._causal = callable(getattr(self.delivery, "note_head", None)) and len(self.keys) > 1
         self._counts = dict.fromkeys(
             ("notified", "stored", "gaps", "sync_failures", "head_checks", "invalid",
-             "delivered", "holdback_full"), 0)
+             "delivered", "holdback_full", "peak_buffered"), 0)
 
     def statistics(self) -> SubscriptionStatistics:
         stats = getattr(self.delivery, "statistics", None)
         return SubscriptionStatistics(delivery=stats() if callable(stats) else None,
-                                      **self._counts)
+                                      buffered=len(self._ready), **self._counts)
 
     def push(self, note: _Note) -> None:
         try:
@@ -694,7 +705,14 @@ class Feed:
             return True
         out: list[Event] = []
         if confirmed is not None and confirmed >= nxt:
-            out.extend(await self._offer_range(key, nxt, confirmed))
+            # The application takes events at its own pace: read no further ahead
+            # of it than the buffer; the rest is offered on a later pass.
+            room = self.feeds.buffer - len(self._ready)
+            stop = min(confirmed, nxt + room - 1)
+            if stop < confirmed:
+                self._state.look(key)
+            if stop >= nxt:
+                out.extend(await self._offer_range(key, nxt, stop))
         if self._causal:
             mark = confirmed if confirmed is not None else -1
             try:
@@ -729,6 +747,8 @@ class Feed:
         for event in events:
             self.observe(event)
         self._ready.extend(events)
+        if len(self._ready) > self._counts["peak_buffered"]:
+            self._counts["peak_buffered"] = len(self._ready)
 
 
 @attrs.define(eq=False)
@@ -811,21 +831,34 @@ async def open_subscription(
 
 @attrs.define(eq=False)
 class DurableSubscription:
-    """A durable subscription: :meth:`get` returns each event exactly once.
+    """A durable subscription: every event of its criteria, once acknowledged, never again.
 
-    *Delivered* means: the subscription's cursor in the node's store has
-    moved past the event. The cursor (per criterion, the next seq to
-    deliver, plus a delivery count and the hash of the latest delivery) is
-    written with one atomic, durable ``Store.put_cursor`` before :meth:`get`
-    returns the event. So an event is never returned by two calls of
-    :meth:`get`, across crashes and restarts of the subscriber and of the
-    brokers, and every event of the subscribed chains is returned once the
-    application keeps calling :meth:`get`. If the process dies after the
-    cursor was written but before the application acted on the event, the
-    event counts as delivered: side effects of :meth:`get` are at most once.
-    :meth:`next` moves the cursor only after the application's block has
-    finished, which makes processing at least once. Only committed events
-    are delivered, so no delivered event is ever rolled back.
+    The subscription's cursor (per criterion, the next seq to deliver, plus
+    a count and the hash of the latest acknowledged event) says what has
+    been *acknowledged*. Every event committed on the subscribed chains is
+    returned until it is acknowledged, across crashes and restarts of the
+    subscriber and of the brokers, and an acknowledged event is never
+    returned again. Three routes, by what a crash may do to the application:
+
+    * ``event = await sub.get()``: the event is acknowledged by the next
+      :meth:`get` (or :meth:`ack`). If the process dies before that, the
+      same event is returned again after the restart: nothing is lost, and
+      the only event ever repeated is the one not yet acknowledged. Call
+      :meth:`ack` before :meth:`aclose` if the last event was handled.
+    * ``async with sub.next() as event:``: acknowledged when the block
+      exits normally; if it raises, or the process dies, the event comes
+      again (at least once).
+    * ``durable_subscription(..., cursor_in=connection)`` with
+      ``async with sub.next() as event:``: the cursor lives in the
+      application's own DB-API connection (table ``ketten_cursors``) and is
+      written there after the block, in the same transaction as what the
+      block wrote; then the connection is committed once. The effect and
+      the acknowledgement commit or roll back together: each event's effect
+      happens exactly once. An exception in the block rolls the connection
+      back and the event comes again.
+
+    Only committed events are delivered, so no delivered event is ever
+    rolled back.
     """
 
     feeds: Feeds
@@ -833,7 +866,9 @@ class DurableSubscription:
     _feed: Feed
     _state: CursorState
     request_timeout: float
+    _connection: ConnectionCursor | None = None
     _scope: trio.CancelScope | None = None
+    _pending: Event | None = attrs.field(default=None, init=False)
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _closed: bool = attrs.field(default=False, init=False)
 
@@ -843,13 +878,18 @@ class DurableSubscription:
 
     @property
     def position(self) -> Mapping[bytes, int]:
-        """The next seq delivered per criterion (as stored)."""
+        """The next seq to acknowledge per criterion (as stored)."""
         return dict(self._state.next)
 
     @property
     def delivered(self) -> int:
-        """How many events this subscription delivered over its whole life."""
+        """How many events this subscription acknowledged over its whole life."""
         return self._state.delivered
+
+    @property
+    def pending(self) -> Event | None:
+        """The event :meth:`get` returned that is not acknowledged yet."""
+        return self._pending
 
     def statistics(self) -> SubscriptionStatistics:
         return self._feed.statistics()
@@ -859,41 +899,70 @@ class DurableSubscription:
             raise UsageError(f"durable subscription {self.name!r} is closed")
 
     async def get(self) -> Event:
-        """The next event, recorded as delivered before it is returned.
+        """Acknowledge the event the previous call returned, then return the next one.
 
         Raises :class:`~ketten.errors.UsageError` after :meth:`unsubscribe`
-        or :meth:`aclose`, :class:`~ketten.errors.StoreError` if the cursor
-        could not be written (the event is then not delivered and comes
-        again), :class:`~ketten.errors.HoldbackFull` (see :class:`Subscription`).
+        or :meth:`aclose`, and on a subscription opened with ``cursor_in``
+        (use :meth:`next`); :class:`~ketten.errors.StoreError` if the
+        acknowledgement could not be written (nothing moved: the previous
+        event is still unacknowledged, and the next call tries again);
+        :class:`~ketten.errors.HoldbackFull` (see :class:`Subscription`).
         """
         async with self._lock:
             self._check_open()
+            if self._connection is not None:
+                raise UsageError(
+                    f"durable subscription {self.name!r} keeps its cursor in the application's "
+                    "connection (cursor_in): use `async with sub.next() as event:`")
+            await self._acknowledge()
             await self._feed.fill()
-            event = self._feed.pop()
-            try:
-                await self._commit(event)
-            except BaseException:
-                self._feed.push_back(event)
-                raise
-            return event
+            self._pending = self._feed.pop()
+            return self._pending
+
+    async def ack(self) -> None:
+        """Acknowledge the event :meth:`get` returned (a no-op if there is none).
+
+        Raises :class:`~ketten.errors.UsageError` after :meth:`unsubscribe`
+        or :meth:`aclose`; :class:`~ketten.errors.StoreError` if the
+        acknowledgement could not be written.
+        """
+        async with self._lock:
+            self._check_open()
+            await self._acknowledge()
 
     @asynccontextmanager
     async def next(self) -> AsyncIterator[Event]:
-        """``async with sub.next() as event:`` - the cursor moves when the block exits
-        normally; if it raises (or the process dies), the event comes again.
+        """``async with sub.next() as event:`` - acknowledged when the block exits
+        normally (with ``cursor_in``: in the application's transaction, which is
+        then committed); if it raises (or the process dies), the event comes
+        again. An event :meth:`get` returned is acknowledged first.
 
-        Raises what :meth:`get` raises.
+        Raises what :meth:`get` raises, except that ``cursor_in`` is the
+        route this method is for.
         """
         async with self._lock:
             self._check_open()
+            await self._acknowledge()
             await self._feed.fill()
             event = self._feed.pop()
             try:
                 yield event
+            except BaseException:
+                self._feed.push_back(event)
+                if self._connection is not None:
+                    with contextlib.suppress(StoreError):
+                        self._connection.rollback()
+                raise
+            try:
                 await self._commit(event)
             except BaseException:
                 self._feed.push_back(event)
                 raise
+
+    async def _acknowledge(self) -> None:
+        if self._pending is not None:
+            await self._commit(self._pending)
+            self._pending = None
 
     async def _commit(self, event: Event) -> None:
         state = self._state
@@ -903,14 +972,21 @@ class DurableSubscription:
                 f"{event.criterion.hex()[:16]} out of order (expected "
                 f"{state.next.get(event.criterion)})")
         advanced = state.advance(event.criterion, event.seq, event.hash)
-        with trio.CancelScope(shield=True):
-            await self.feeds.chains.store.put_cursor(_DURABLE_CURSOR + self.name,
-                                                     advanced.encode())
+        await self._write(advanced)
         self._state = advanced
+
+    async def _write(self, state: CursorState) -> None:
+        data = state.encode()
+        if self._connection is None:
+            with trio.CancelScope(shield=True):
+                await self.feeds.chains.store.put_cursor(_DURABLE_CURSOR + self.name, data)
+            return
+        self._connection.write(data)
 
     async def aclose(self) -> None:
         """Stop receiving here; the subscription stays (its cursor is kept, the
-        brokers keep it until its lease expires) and can be opened again."""
+        brokers keep it until its lease expires) and can be opened again. An
+        event :meth:`get` returned and nobody acknowledged comes again then."""
         if self._scope is not None:
             self._scope.cancel()
             self._scope = None
@@ -929,15 +1005,15 @@ class DurableSubscription:
             with trio.move_on_after(self.request_timeout * 2):
                 await self._feed.renew(live=False)
             closed = attrs.evolve(self._state, closed=True)
-            with trio.CancelScope(shield=True):
-                await self.feeds.chains.store.put_cursor(_DURABLE_CURSOR + self.name,
-                                                         closed.encode())
+            await self._write(closed)
             self._state = closed
+            self._pending = None
 
 
 async def open_durable(
     feeds: Feeds, nursery: trio.Nursery, make_feed: MakeFeed, own_key: bytes, name: str,
     criteria: Any, *, delivery: str | None, options: Mapping[str, Any] | None,
+    cursor_in: Any = None,
 ) -> DurableSubscription:
     """See :meth:`ketten.Node.durable_subscription`."""
     if not isinstance(name, str) or not name or len(name) > 200:
@@ -945,11 +1021,14 @@ async def open_durable(
     keys = parse_criteria(criteria)
     cursor = _DURABLE_CURSOR + name
     store = feeds.chains.store
-    stored = await store.get_cursor(cursor)
+    connection = ConnectionCursor.attach(cursor_in, name) if cursor_in is not None else None
+    stored = connection.load() if connection is not None else await store.get_cursor(cursor)
+    where = (f"row {name!r} of the application's {APP_CURSOR_TABLE}" if connection is not None
+             else f"cursor {cursor!r}")
     state: CursorState | None = None
     if stored is not None:
         try:
-            state = CursorState.decode(stored, where=f"cursor {cursor!r}")
+            state = CursorState.decode(stored, where=where)
         except DecodeError as exc:
             raise StoreCorrupted(f"durable subscription {name!r}: {exc}") from None
         if state.closed:
@@ -958,11 +1037,14 @@ async def open_durable(
             raise UsageError(f"durable subscription {name!r} exists with other criteria")
     if state is None:
         state = CursorState.fresh(keys)
-        await store.put_cursor(cursor, state.encode())
+        if connection is not None:
+            connection.write(state.encode())
+        else:
+            await store.put_cursor(cursor, state.encode())
     sid = hashlib.sha256(b"ketten-durable\0" + own_key + name.encode()).digest()[:SID_SIZE]
     feed = make_feed(state.criteria, sid, delivery, state.next, options)
     feeds.attach(feed)
-    sub = DurableSubscription(feeds, name, feed, state, feeds.request_timeout)
+    sub = DurableSubscription(feeds, name, feed, state, feeds.request_timeout, connection)
     try:
         sub._scope = await nursery.start(feed.maintain)
     except BaseException:

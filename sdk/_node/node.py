@@ -646,23 +646,32 @@ class Node:
         *,
         delivery: str | None = None,
         options: Mapping[str, Any] | None = None,
+        cursor_in: Any = None,
     ) -> DurableSubscription:
         """Open (or resume) the durable subscription ``name`` of this node.
 
-        ``await sub.get()`` returns each event of ``criteria`` exactly once,
-        across restarts of this node and of the brokers: see
-        :class:`~ketten.DurableSubscription` for what *delivered* means. A
-        subscription that was unsubscribed starts afresh.
+        Every event of ``criteria`` is returned until it is acknowledged,
+        across restarts of this node and of the brokers, and never after:
+        ``await sub.get()`` acknowledges the event the previous call returned,
+        ``async with sub.next() as event:`` acknowledges when its block
+        succeeds. With ``cursor_in`` (a DB-API connection the application
+        owns, not in autocommit mode) the cursor is kept in that database and
+        committed in the same transaction as what the ``next()`` block wrote,
+        which makes the block's effect exactly once. See
+        :class:`~ketten.DurableSubscription`. A subscription that was
+        unsubscribed starts afresh.
 
         Raises :class:`~ketten.errors.UsageError` for a bad name or criteria,
-        or criteria other than those the subscription was created with;
+        criteria other than those the subscription was created with, or a
+        ``cursor_in`` that is not a transactional DB-API connection;
         :class:`~ketten.errors.StoreCorrupted` if its stored cursor is damaged;
-        :class:`~ketten.errors.PluginNotFound` / :class:`~ketten.errors.ConfigError`
-        for the delivery plugin.
+        :class:`~ketten.errors.StoreError` if the cursor cannot be read or
+        written; :class:`~ketten.errors.PluginNotFound` /
+        :class:`~ketten.errors.ConfigError` for the delivery plugin.
         """
         return await open_durable(self._feeds, self.nursery, self._make_feed,
                                   self.identity.public_key, name, criteria,
-                                  delivery=delivery, options=options)
+                                  delivery=delivery, options=options, cursor_in=cursor_in)
 
     # -- local chains (no replication) ---------------------------------------
 
