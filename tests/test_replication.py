@@ -18,6 +18,8 @@ import trio.testing
 import ketten
 import ketten.plugins.memory_store
 from ketten import Agent, Event, Identity, Node, criterion_key, hookimpl
+from ketten._core.membership import ChainConfig, Member
+from ketten._core.messages import Route
 from ketten.adapters.memory import Faults, MemoryNetwork
 from ketten.errors import (
     CommandIdReused,
@@ -578,6 +580,38 @@ async def test_a_node_cut_off_from_the_nodes_near_a_key_does_not_start_its_chain
         after = await c.nodes[3].publish(key, b"after the heal", deadline=30.0)
         chain = await c.settle(key, 60.0)
         assert chain[0] == started and chain[-1] == after
+
+
+async def test_a_creation_whose_candidate_lost_once_can_still_be_finished(
+        plugins, autojump_clock) -> None:
+    # A candidate stood for a new chain, lost, and kept its configuration; the other
+    # brokers heard of that configuration (it answers when asked where the chain is)
+    # and so know "the chain exists". The same creation must still win their votes,
+    # or the criterion keeps a chain by name only that nobody can ever lead.
+    async with cluster(plugins, 5) as c:
+        key = criterion_key("half made")
+        brokers = c.brokers(key)
+        members = tuple(Member(c.identity(i).public_key, f"n:{i}") for i in brokers)
+        proposed = ChainConfig(1, members, (), -1, 0)
+        candidate = brokers[2]
+        for index in brokers[:2]:
+            c.nodes[index]._sets.learn(key, Route(proposed, 1, None, None))
+        assert await c.nodes[candidate]._replicator.campaign(key, proposed=proposed)
+        event = await c.nodes[c.others(key)[0]].publish(key, b"first", deadline=5.0)
+        assert event.seq == 0 and await c.settle(key) == [event]
+
+    # A creation with another first configuration than the chain a broker knows of is
+    # still refused: never a second chain.
+    async with cluster(plugins, 5) as c:
+        key = criterion_key("half made")
+        brokers = c.brokers(key)
+        members = tuple(Member(c.identity(i).public_key, f"n:{i}") for i in brokers)
+        other = tuple(Member(c.identity(i).public_key, f"n:{i}") for i in c.others(key)[:1])
+        known = ChainConfig(1, (*members[:2], *other), (), -1, 0)
+        for index in brokers[:2]:
+            c.nodes[index]._sets.learn(key, Route(known, 1, None, None))
+        proposed = ChainConfig(1, members, (), -1, 0)
+        assert not await c.nodes[brokers[2]]._replicator.campaign(key, proposed=proposed)
 
 
 # -- operator recovery ------------------------------------------------------------------

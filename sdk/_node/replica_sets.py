@@ -21,7 +21,7 @@ import attrs
 import trio
 
 from .._core.acquaintances import Acquaintances
-from .._core.membership import Member, majority
+from .._core.membership import ChainConfig, Member, majority
 from .._core.messages import Locate, Route
 from ..errors import KettenError, QuorumUnavailable
 from ..interfaces import Overlay, Peer
@@ -87,7 +87,8 @@ class ReplicaSets:
     replication: int
     local: Callable[[bytes], Route | None]
     timeout: float
-    rival: Callable[[bytes, bytes, str], None] = lambda criterion, genesis, address: None
+    rival: Callable[[bytes, bytes, str, tuple[ChainConfig, ...]], None] = (
+        lambda criterion, genesis, address, configs: None)
     """Called when a survey finds another chain of a criterion this node holds."""
     acquaintances: Acquaintances = attrs.field(factory=Acquaintances)
     """Nodes this node heard from (fed by the node from every authenticated peer)."""
@@ -273,7 +274,7 @@ class ReplicaSets:
                 best = found
             if (found is not None and local is not None and found.genesis is not None
                     and local.genesis is not None and found.genesis != local.genesis):
-                self.rival(criterion, found.genesis, self.address(member))
+                self.rival(criterion, found.genesis, self.address(member), (found.config,))
         if best is not None:
             self.learn(criterion, best, fresh=True)
         elif held:

@@ -304,9 +304,19 @@ class Replicator:
                 known = self._genesis[criterion] = (first[0].hash, first[0].time)
         return known
 
-    def settle_rival_soon(self, criterion: bytes, rival: bytes, address: str) -> None:
+    def settle_rival_soon(self, criterion: bytes, rival: bytes, address: str,
+                          configs: Sequence[ChainConfig] = ()) -> None:
         """:meth:`settle_rival` in the background, for a rival a survey found."""
-        self._spawn(self.settle_rival, criterion, rival, address)
+        self._spawn(self.settle_rival, criterion, rival, address, configs)
+
+    async def _one_group(self, criterion: bytes, configs: Sequence[ChainConfig]) -> bool:
+        """Does the chain held here share a configuration with ``configs``? Then the two
+        are one replication group, whatever their first events: its leader's log wins
+        where they differ (Raft's log matching), and a genesis held here that its
+        leader lacks was never committed. Only chains of two groups, started on two
+        sides of a partition, are settled by the older genesis."""
+        replica = await self.replica(criterion)
+        return replica is not None and any(c in replica.state.configs for c in configs)
 
     def _give_up(self, criterion: bytes, genesis: bytes) -> None:
         self._lost[criterion] = self._lost.get(criterion, frozenset()) | {genesis}
@@ -331,7 +341,8 @@ class Replicator:
             return None
         return event
 
-    async def settle_rival(self, criterion: bytes, rival: bytes | None, address: str) -> bool:
+    async def settle_rival(self, criterion: bytes, rival: bytes | None, address: str,
+                           configs: Sequence[ChainConfig] = ()) -> bool:
         """Another chain of the same criterion exists, with genesis ``rival``, held
         at ``address``.
 
@@ -341,10 +352,14 @@ class Replicator:
         if ours loses, this node gives up its copy: every event becomes an
         orphan (reported through ``ketten_fork_resolved`` with no head), the
         replication state is dropped, and the node can join the winner later
-        like any new broker. Returns whether ours lost.
+        like any new broker. Returns whether ours lost. ``configs``: the rival's
+        configurations, if known; sharing one with ours makes it no rival (see
+        :meth:`_one_group`).
         """
         own = await self.genesis(criterion)
         if rival is None or own is None or rival == own:
+            return False
+        if await self._one_group(criterion, configs):
             return False
         theirs = await self._rival_genesis(address, criterion, rival)
         first = await self.chains.range(criterion, 0, 1)
@@ -603,7 +618,8 @@ class Replicator:
             return AppendAck(criterion, "refused", 0, 0, None, 0, None, (),
                              "that chain lost to an older one of the same criterion")
         own = await self.genesis(criterion)
-        rival = item.genesis is not None and own is not None and own != item.genesis
+        rival = (item.genesis is not None and own is not None and own != item.genesis
+                 and not await self._one_group(criterion, item.configs))
         if rival and not await self.settle_rival(criterion, item.genesis, peer.address):
             replica = await self.replica(criterion, create=True)
             assert replica is not None
@@ -686,14 +702,15 @@ class Replicator:
             if replica is None:
                 return VoteResult(criterion, False, 0)
             own = await self.genesis(criterion)
-            if item.genesis is not None and own is not None and own != item.genesis:
+            if (item.genesis is not None and own is not None and own != item.genesis
+                    and not await self._one_group(
+                        criterion, () if item.proposed is None else (item.proposed,))):
                 rival = item.genesis
                 if self._nursery is not None:
                     self._spawn(self.settle_rival, criterion, rival, peer.address)
                 return VoteResult(criterion, False, replica.term)
             creating = item.rank[1] < 0 and replica.config is None
-            if creating and (self.sets.exists(criterion)
-                             or await self.chains.head(criterion) is not None):
+            if creating and await self._exists_besides(criterion, item.proposed):
                 # A chain is being created that this node knows exists: never a second one.
                 return VoteResult(criterion, False, replica.term)
             mine = replica.rank()
@@ -708,6 +725,21 @@ class Replicator:
             if answer.stand and criterion not in self._campaigns and self._nursery is not None:
                 self._spawn(self._campaign_quietly, criterion, False)
             return VoteResult(criterion, answer.granted, answer.term)
+
+    async def _exists_besides(self, criterion: bytes, proposed: ChainConfig | None) -> bool:
+        """Does this node know of a chain of ``criterion`` other than the creation that
+        proposes ``proposed``? A route naming exactly that first configuration, with
+        nothing committed and no genesis, is this very creation: a candidate that stood
+        for it once and lost keeps the configuration and names it when asked. Refusing
+        it would leave the criterion with a chain that exists by name only and that
+        nobody can lead."""
+        if await self.chains.head(criterion) is not None:
+            return True
+        if not self.sets.exists(criterion):
+            return False
+        known = self.sets.cached(criterion)
+        return not (known is not None and proposed is not None and known.config == proposed
+                    and known.commit is None and known.genesis is None)
 
     async def _take_elect(self, peer: Peer, body: Any) -> None:
         """A leader that left the configuration hands the chain over to us."""
@@ -1487,7 +1519,8 @@ class Replicator:
         holders = [m for m in route.config.members() if m.key != own]
         holders.sort(key=lambda m: m.key != peer.public_key)
         if holders:
-            await self.settle_rival(criterion, route.genesis, self.sets.address(holders[0]))
+            await self.settle_rival(criterion, route.genesis, self.sets.address(holders[0]),
+                                    (route.config,))
 
     async def repair(self, criterion: bytes) -> None:
         """This node's copy of a chain it is a member of is behind: ask the leader to
