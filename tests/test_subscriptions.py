@@ -59,6 +59,15 @@ async def publish(node: Node, key: bytes, payload: bytes, command: int) -> Event
             await trio.sleep(0.5)
 
 
+async def published(c: Cluster, name: str, count: int) -> tuple[bytes, int]:
+    """Publish ``count`` events (payloads 0, 1, ...) on ``name``; its key and a node that
+    is not one of its brokers."""
+    key = criterion_key(name)
+    for n in range(count):
+        await publish(c.nodes[0], key, b"%d" % n, n)
+    return key, outsider(c, key)
+
+
 async def collect(sub: Any, count: int, into: list[Event]) -> None:
     async for event in sub:
         into.append(event)
@@ -281,10 +290,7 @@ async def test_bad_criteria_are_usage_errors(plugins, autojump_clock) -> None:
 
 async def test_durable_subscription_resumes_and_unsubscribes(plugins, autojump_clock) -> None:
     async with sub_cluster(plugins, 5, subscriptions={"ttl": 6.0}) as c:
-        key = criterion_key("durable")
-        index = outsider(c, key)
-        for n in range(5):
-            await publish(c.nodes[0], key, b"%d" % n, n)
+        key, index = await published(c, "durable", 5)
         sub = await c.nodes[index].durable_subscription("d", ["durable"])
         assert (await sub.get()).payload == b"0"
         with pytest.raises(RuntimeError):
@@ -323,10 +329,7 @@ async def restart(c: Cluster, index: int) -> Node:
 async def test_get_acknowledges_by_the_next_get_so_a_crash_repeats_only_that_event(
         plugins, autojump_clock) -> None:
     async with sub_cluster(plugins, 5, subscriptions={"ttl": 6.0}) as c:
-        key = criterion_key("acked")
-        index = outsider(c, key)
-        for n in range(4):
-            await publish(c.nodes[0], key, b"%d" % n, n)
+        key, index = await published(c, "acked", 4)
         sub = await c.nodes[index].durable_subscription("a", ["acked"])
         first = await sub.get()
         assert first.payload == b"0" and sub.pending == first and sub.position == {key: 0}
@@ -360,10 +363,7 @@ async def test_cursor_in_the_applications_transaction_commits_with_the_effect(
         return [row[0] for row in db.execute("SELECT seq FROM effects ORDER BY rowid")]
 
     async with sub_cluster(plugins, 5, subscriptions={"ttl": 6.0}) as c:
-        key = criterion_key("effects")
-        index = outsider(c, key)
-        for n in range(4):
-            await publish(c.nodes[0], key, b"%d" % n, n)
+        key, index = await published(c, "effects", 4)
         db = connect()
         sub = await c.nodes[index].durable_subscription("t", ["effects"], cursor_in=db)
         async with sub.next() as event:

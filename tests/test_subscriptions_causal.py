@@ -13,8 +13,9 @@ from typing import Any
 import cbor2
 import pytest
 import trio
+from test_subscriptions import publish
 
-from ketten import Event, Node, criterion_key
+from ketten import Event, criterion_key
 from ketten.adapters.memory import Faults, MemoryNetwork
 from ketten.errors import KettenError
 from ketten.testing import Cluster
@@ -46,14 +47,6 @@ def check_causal_order(delivered: list[Event]) -> None:
                 f"{delivered[later].seq}) came before delivery {earlier} "
                 f"({delivered[earlier].criterion.hex()[:8]}/{delivered[earlier].seq}), "
                 "which happened before it")
-
-
-async def publish(node: Node, name: str, payload: bytes, command: int) -> Event:
-    while True:
-        try:
-            return await node.publish(name, payload, command=command, deadline=5.0)
-        except KettenError:
-            await trio.sleep(0.5)
 
 
 async def run_authors(c: Cluster, seed: int) -> list[Event]:
