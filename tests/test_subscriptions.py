@@ -426,3 +426,69 @@ async def test_a_subscriber_reads_no_further_ahead_than_its_buffer(plugins, auto
             stats = sub.statistics()
         assert [e.hash for e in got] == [e.hash for e in published]
         assert 1 <= stats.peak_buffered <= 40 and stats.delivered == 300
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+async def test_subscribers_miss_nothing_while_brokers_crash_return_and_are_replaced(
+        plugins, autojump_clock, seed: int) -> None:
+    total = 60
+    async with sub_cluster(plugins, 7, seed=seed, faults=Faults(loss=0.02, jitter=0.02),
+                           subscriptions={"ttl": 6.0, "check": 1.0}) as c:
+        # A criterion whose replica set the not yet started node 7 will join.
+        newcomer = 7
+        for n in range(500):
+            name = f"moving-{n}"
+            key = criterion_key(name)
+            target = int.from_bytes(key, "big")
+            ranked = sorted(range(8), key=lambda i: int.from_bytes(
+                c.identity(i).node_id, "big") ^ target)
+            if newcomer in ranked[:2] and 0 not in ranked[:4] and 6 not in ranked[:4]:
+                break
+        old = c.brokers(key)
+        subscriber, publisher = 6, 0
+        node = c.nodes[subscriber]
+        live: list[Event] = []
+        durable: list[Event] = []
+        published: list[Event] = []
+
+        async def publish_all() -> None:
+            for n in range(total):
+                published.append(await publish(c.nodes[publisher], key, b"%d" % n, n))
+                await trio.sleep(0.3)
+
+        async def churn() -> None:
+            await trio.sleep(3.0)
+            await c.stop(old[0])                 # a broker crashes ...
+            await trio.sleep(4.0)
+            await c.start(old[0], options={**c.config(old[0]).options,
+                                           "subscriptions": {"ttl": 6.0, "check": 1.0}})
+            await trio.sleep(3.0)                # ... and returns
+            await c.start(newcomer, options={**c.config(newcomer).options,
+                                             "subscriptions": {"ttl": 6.0, "check": 1.0}})
+            await trio.sleep(3.0)                # a closer node joins ...
+            await c.stop(old[1])                 # ... and another broker leaves for good
+
+        async def pull(sub: Any) -> None:
+            while len(durable) < total:
+                durable.append(await sub.get())
+            await sub.ack()
+
+        async with node.subscribe([name]) as push:
+            sub = await node.durable_subscription("moving", [name])
+            with trio.fail_after(300):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(publish_all)
+                    nursery.start_soon(churn)
+                    nursery.start_soon(collect, push, total, live)
+                    nursery.start_soon(pull, sub)
+        assert newcomer in c.brokers(key) and old[1] not in c.brokers(key)
+        chain = [e.hash for e in published]
+        # The replica set did move: the newcomer became a broker of the chain.
+        with trio.fail_after(120):
+            while [e.hash for e in await c.chain(newcomer, key)] != chain:
+                await trio.sleep(1.0)
+        replica = c.nodes[newcomer]._replicator.loaded(key)
+        assert replica is not None and replica.is_voter()
+        assert [e.hash for e in live] == chain
+        assert [e.hash for e in durable] == chain
+        assert sub.delivered == total
