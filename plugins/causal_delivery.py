@@ -315,9 +315,33 @@ class CausalDelivery:
                 self._run(woken, out)
         return out
 
+    def forget_head(self, criterion: bytes) -> None:
+        """The head noted for ``criterion`` may be out of date: count the chain as
+        possibly holding more until :meth:`note_head` is called again. (A subscriber
+        that cannot reach a chain's brokers calls this before it offers events that
+        arrived later than the head it knew.)
+
+        Raises :class:`~ketten.errors.UsageError` for a criterion not subscribed.
+        """
+        index = self._index.get(criterion)
+        if index is None:
+            raise UsageError(f"criterion {criterion.hex()[:16]} is not one this queue delivers")
+        self._head[index] = None
+        if self._candidate[index] is None:
+            self._refresh(index)
+
     def pending(self) -> int:
         """How many events are held back."""
         return self._held_count
+
+    def blocked(self) -> list[tuple[bytes, int]]:
+        """The positions ``(criterion, seq)`` held events wait for, earliest seq first:
+        each is the next undelivered event of its chain, not received yet."""
+        positions = {divmod(key, self._count) for key in self._waiting}
+        for index, held in enumerate(self._held):
+            if held and self._candidate[index] is None:
+                positions.add((self._next[index], index))
+        return [(self._criteria[index], seq) for seq, index in sorted(positions)]
 
     def next_seq(self, criterion: bytes) -> int:
         """The seq the application receives next from ``criterion``.

@@ -23,6 +23,7 @@ __all__ = [
     "CommandIdReused",
     "ConfigError",
     "DecodeError",
+    "DependencyUnavailable",
     "HoldbackFull",
     "InternalError",
     "InvalidEvent",
@@ -167,6 +168,28 @@ class HoldbackFull(Unavailable):
         super().__init__(
             f"holdback queue full ({limit} events): refused seq {seq} of criterion "
             f"{criterion.hex()[:16]}"
+        )
+
+
+class DependencyUnavailable(Unavailable):
+    """A causal subscription holds events back for an event it could not get.
+
+    Nothing was delivered for ``patience`` seconds while ``held`` events
+    waited, the earliest for seq ``seq`` of criterion ``criterion`` (it
+    happened before them, or precedes them in its chain), which the
+    subscription could not fetch from that chain's brokers. Nothing is
+    delivered out of order: iterating again keeps waiting, and the held
+    events follow as soon as the missing one arrives.
+    """
+
+    def __init__(self, criterion: bytes, seq: int, held: int, patience: float) -> None:
+        self.criterion = criterion
+        self.seq = seq
+        self.held = held
+        self.patience = patience
+        super().__init__(
+            f"{held} events held back for more than {patience:g} s, waiting for seq {seq} of "
+            f"criterion {criterion.hex()[:16]}, which its brokers did not provide"
         )
 
 

@@ -254,7 +254,12 @@ class Delivery(Protocol):
         ...
 
     def pending(self) -> int:
-        """How many events are held back."""
+        """How many events are held back.
+
+        A delivery that holds events may also offer ``blocked() -> list[tuple[bytes,
+        int]]``: the positions ``(criterion, seq)`` they wait for, earliest first; a
+        subscription names the first in :class:`~ketten.errors.DependencyUnavailable`
+        when nothing was delivered for its ``patience``."""
         ...
 
 

@@ -16,7 +16,13 @@ from test_replication import Cluster
 from ketten import Event, Node, criterion_key
 from ketten._core.leases import CursorState, Lease, LeaseTable, confirmed_seq
 from ketten.adapters.memory import Faults, MemoryNetwork
-from ketten.errors import DecodeError, KettenError, StoreCorrupted, UsageError
+from ketten.errors import (
+    DecodeError,
+    DependencyUnavailable,
+    KettenError,
+    StoreCorrupted,
+    UsageError,
+)
 
 
 @asynccontextmanager
@@ -492,3 +498,34 @@ async def test_subscribers_miss_nothing_while_brokers_crash_return_and_are_repla
         assert [e.hash for e in live] == chain
         assert [e.hash for e in durable] == chain
         assert sub.delivered == total
+
+
+async def test_a_causal_subscriber_is_told_which_event_it_waits_for(plugins, autojump_clock) -> None:
+    async with sub_cluster(plugins, 7, clock="vector",
+                           subscriptions={"ttl": 30.0, "check": 2.0, "patience": 20.0}) as c:
+        for n in range(200):
+            xn, yn = f"x{n}", f"y{n}"
+            x, y = criterion_key(xn), criterion_key(yn)
+            readers = [i for i in c.others(x) if i in c.others(y)]
+            if readers and not set(c.brokers(x)) & set(c.brokers(y)):
+                break
+        index = readers[0]
+        writers = [i for i in sorted(c.nodes) if i != index][:2]
+        reader = c.nodes[index]
+        async with reader.subscribe([xn, yn], delivery="causal") as sub:
+            await trio.sleep(1.0)
+            # The reader cannot reach x's brokers; y0 happens after x0.
+            c.network.cut([f"n:{index}"], [f"n:{i}" for i in c.brokers(x)])
+            x0 = await publish(c.nodes[writers[0]], x, b"x0", 1)
+            await c.nodes[writers[1]].read(x)
+            y0 = await publish(c.nodes[writers[1]], y, b"y0", 1)
+            started = trio.current_time()
+            with pytest.raises(DependencyUnavailable) as raised:
+                await sub.__anext__()
+            assert (raised.value.criterion, raised.value.seq, raised.value.held) == (x, 0, 1)
+            assert 20.0 <= trio.current_time() - started <= 20.0 + 2 * 2.0 + 1.0
+            assert "seq 0 of criterion" in str(raised.value)
+            c.heal()
+            with trio.fail_after(30):
+                got = [await sub.__anext__() for _ in range(2)]
+            assert [e.hash for e in got] == [x0.hash, y0.hash]

@@ -35,14 +35,37 @@ class FeedState:
 
     keys: tuple[bytes, ...]
     start: Mapping[bytes, int]
+    patience: float = float("inf")
+    """Seconds held events may wait with nothing delivered before the application hears."""
     _next: dict[bytes, int] = attrs.field(init=False)
     _reports: dict[bytes, dict[bytes, Pos]] = attrs.field(factory=dict, init=False)
     _sync: set[bytes] = attrs.field(factory=set, init=False)
     _look: set[bytes] = attrs.field(init=False)
+    _since: float | None = attrs.field(default=None, init=False)
+    _empty: dict[bytes, set[bytes]] = attrs.field(factory=dict, init=False)
+    """Per criterion, the brokers whose latest report said nothing is committed."""
+    _round: int = attrs.field(default=0, init=False)
+    _reported: dict[bytes, int] = attrs.field(factory=dict, init=False)
+    """Per criterion, the latest round a report came from."""
 
     def __attrs_post_init__(self) -> None:
         self._next = {key: self.start.get(key, 0) for key in self.keys}
         self._look = set(self.keys)
+
+    def progressed(self, now: float) -> None:
+        """Events reached the application (or it was told of a stall): patience restarts."""
+        self._since = now
+
+    def give_up_at(self, now: float, holding: bool) -> float | None:
+        """When to tell the application that held events wait in vain (``None``: nothing
+        is held). Patience runs from the later of the last delivery and the moment
+        events began to be held."""
+        if not holding:
+            self._since = None
+            return None
+        if self._since is None:
+            self._since = now
+        return self._since + self.patience
 
     def next_seq(self, key: bytes) -> int:
         return self._next[key]
@@ -64,15 +87,37 @@ class FeedState:
         self._look.clear()
         return keys
 
-    def note_commit(self, key: bytes, broker: bytes, pos: Pos | None) -> None:
-        """``broker`` reported ``pos`` committed (``None``: nothing committed yet)."""
+    def begin_round(self) -> int:
+        """Number a round of reports: only reports asked for in it carry the number."""
+        self._round += 1
+        return self._round
+
+    def reported_in(self, key: bytes, round_: int) -> bool:
+        """Did a broker of ``key`` answer in round ``round_`` (or a later one)?"""
+        return self._reported.get(key, 0) >= round_
+
+    def note_commit(self, key: bytes, broker: bytes, pos: Pos | None, round_: int = 0) -> None:
+        """``broker`` reported ``pos`` committed (``None``: nothing committed yet), when
+        asked in round ``round_`` (0: not asked, a notification)."""
+        if round_ > self._reported.get(key, 0):
+            self._reported[key] = round_
         if pos is None:
+            if broker not in self._reports.get(key, {}):
+                self._empty.setdefault(key, set()).add(broker)
+                self._look.add(key)
             return
+        self._empty.get(key, set()).discard(broker)
         reports = self._reports.setdefault(key, {})
         known = reports.get(broker)
         if known is None or pos[0] >= known[0]:
             reports[broker] = pos
         self._look.add(key)
+
+    def known_empty(self, key: bytes) -> bool:
+        """Did a broker say the chain has nothing committed, and none that it has?
+        (No report at all tells nothing: the chain may hold events nobody could
+        report, and a causal delivery must not take it for empty.)"""
+        return bool(self._empty.get(key)) and not self._reports.get(key)
 
     def place(self, event: Event, head: Pos | None) -> str:
         """Where a notified (committed) event stands against the local head."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import math
 import random
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -46,6 +47,7 @@ from .._wire import field
 from ..errors import (
     ConfigError,
     DecodeError,
+    DependencyUnavailable,
     HoldbackFull,
     InternalError,
     InvalidEvent,
@@ -173,6 +175,8 @@ class _Note:
     broker: bytes | None = None
     event: Event | None = None
     commit: Pos | None = None
+    round: int = 0
+    """The report round the commit was asked for in (0: a notification)."""
 
 
 @attrs.define(eq=False)
@@ -200,6 +204,9 @@ class Feeds:
     max_per_chain: int = 16
     buffer: int = 1024
     """Events one subscription takes from its chains ahead of the application."""
+    patience: float = 60.0
+    """Seconds a causal subscription waits for a missing event before it raises
+    :class:`~ketten.errors.DependencyUnavailable`."""
     _table: LeaseTable = attrs.field(init=False)
     _feeds: dict[bytes, Feed] = attrs.field(factory=dict, init=False)
     _by_key: dict[bytes, dict[bytes, Feed]] = attrs.field(factory=dict, init=False)
@@ -217,10 +224,12 @@ class Feeds:
         default the replication one), ``max_leases`` (subscriber-list entries of this
         broker, default 65,536), ``max_per_subscriber`` (entries of one subscriber
         node, default 1,024), ``max_per_chain`` (entries of one subscriber node on
-        one criterion, default 16) and ``buffer`` (events a subscription reads from its
-        chains ahead of the application, default 1,024). Raises :class:`ConfigError`."""
+        one criterion, default 16), ``buffer`` (events a subscription reads from its
+        chains ahead of the application, default 1,024) and ``patience`` (seconds held
+        events wait for a missing one before the application is told, default 60).
+        Raises :class:`ConfigError`."""
         unknown = set(options) - {"ttl", "check", "interval", "max_leases", "max_per_subscriber",
-                                  "max_per_chain", "buffer"}
+                                  "max_per_chain", "buffer", "patience"}
         if unknown:
             raise ConfigError(f"unknown subscriptions options: {', '.join(sorted(unknown))}")
         ttl = _seconds(options, "ttl", 30.0)
@@ -228,6 +237,7 @@ class Feeds:
             raise ConfigError(f"subscriptions option 'ttl' must be at most {MAX_TTL_MS // 1000} s")
         check = _seconds(options, "check", ttl / 3)
         every = _seconds(options, "interval", interval)
+        patience = _seconds(options, "patience", 60.0)
         bounds = {}
         for name, default in (("max_leases", 1 << 16), ("max_per_subscriber", 1024),
                               ("max_per_chain", 16), ("buffer", 1024)):
@@ -235,7 +245,7 @@ class Feeds:
             if type(value) is not int or value < 1:
                 raise ConfigError(f"subscriptions option {name!r} must be a positive int")
             bounds[name] = value
-        return {"ttl": ttl, "check": check, "interval": every, **bounds}
+        return {"ttl": ttl, "check": check, "interval": every, "patience": patience, **bounds}
 
     def __attrs_post_init__(self) -> None:
         self._table = LeaseTable(max_leases=self.max_leases,
@@ -491,12 +501,14 @@ class Feed:
     _recv: trio.MemoryReceiveChannel[_Note] = attrs.field(init=False)
     _ready: deque[Event] = attrs.field(factory=deque, init=False)
     _blocked: HoldbackFull | None = attrs.field(default=None, init=False)
+    _asked: float = attrs.field(default=float("-inf"), init=False)
+    """When this feed last asked every broker for commits before releasing events."""
     _version: int = attrs.field(default=0, init=False)
     _causal: bool = attrs.field(default=False, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._state = FeedState(self.keys, self.start)
+        self._state = FeedState(self.keys, self.start, self.feeds.patience)
         self._send, self._recv = trio.open_memory_channel[_Note](_INBOX)
         self._causal = callable(getattr(self.delivery, "note_head", None)) and len(self.keys) > 1
         self._counts = dict.fromkeys(
@@ -526,8 +538,9 @@ class Feed:
 
     # -- leases and commits ------------------------------------------------
 
-    async def renew(self, *, live: bool = True) -> bool:
-        """Renew (or drop) the lease at every broker; the replies report their commits.
+    async def renew(self, *, live: bool = True, round_: int = 0) -> bool:
+        """Renew (or drop) the lease at every broker; the replies report their commits
+        (numbered ``round_``, see :meth:`FeedState.begin_round`).
 
         Returns whether every criterion's brokers were found."""
         feeds = self.feeds
@@ -556,7 +569,7 @@ class Feed:
                           feeds.now_ms() + ttl, live)
             await feeds.put_leases([(key, lease) for key in local])
             for key in local:
-                self.push(_Note(key, own.key, commit=feeds.local_commit(key)))
+                self.push(_Note(key, own.key, commit=feeds.local_commit(key), round=round_))
         body = {"op": "lease", "s": self.sid, "v": self._version, "t": ttl, "live": live}
 
         async def one(member: Member, keys: list[bytes]) -> None:
@@ -571,7 +584,7 @@ class Feed:
             except KettenError:
                 return
             for key, pair in zip(keys, pairs, strict=True):
-                self.push(_Note(key, peer.public_key, commit=pair))
+                self.push(_Note(key, peer.public_key, commit=pair, round=round_))
 
         async with trio.open_nursery() as nursery:
             for peer_key in sorted(per_peer):
@@ -601,7 +614,9 @@ class Feed:
         """Wait until an event is ready for the application.
 
         Raises :class:`~ketten.errors.HoldbackFull` when nothing can be
-        delivered because the delivery plugin's queue is at its bound.
+        delivered because the delivery plugin's queue is at its bound, and
+        :class:`~ketten.errors.DependencyUnavailable` when events were held
+        back for ``patience`` seconds waiting for one that could not be had.
         """
         while not self._ready:
             await self._drain()
@@ -610,7 +625,29 @@ class Feed:
                 return
             if self._blocked is not None:
                 raise self._blocked
-            await self._take(await self._recv.receive())
+            give_up = self._state.give_up_at(trio.current_time(), self._holding())
+            if give_up is not None and trio.current_time() >= give_up:
+                missing = self._missing()
+                if missing is not None:
+                    self._state.progressed(trio.current_time())
+                    raise missing
+            note: _Note | None = None
+            with trio.move_on_at(give_up if give_up is not None else math.inf):
+                note = await self._recv.receive()
+            if note is not None:
+                await self._take(note)
+
+    def _holding(self) -> bool:
+        pending = getattr(self.delivery, "pending", None)
+        return callable(pending) and pending() > 0
+
+    def _missing(self) -> DependencyUnavailable | None:
+        blocked = getattr(self.delivery, "blocked", None)
+        positions = blocked() if callable(blocked) else []
+        if not positions:
+            return None
+        criterion, seq = positions[0]
+        return DependencyUnavailable(criterion, seq, self.delivery.pending(), self.feeds.patience)
 
     async def _drain(self) -> None:
         while True:
@@ -640,24 +677,41 @@ class Feed:
             elif place == Placement.SYNC:
                 state.need_sync(key)
         if note.broker is not None:
-            state.note_commit(key, note.broker, note.commit)
+            state.note_commit(key, note.broker, note.commit, note.round)
 
     async def _pass(self) -> None:
         self._blocked = None
         keys = self._state.take_looks()
-        fresh = False
-        while True:
-            behind = False
+        if not self._causal:
             for key in keys:
-                behind = await self._advance(key, offer=fresh or not self._causal) or behind
-            if not behind or fresh:
-                return
-            # Causal order needs current commits of every criterion before it
-            # releases anything: an event may depend on one not yet notified.
-            fresh = True
-            await self.renew()
-            await self._drain()
-            keys = list(self.keys)
+                await self._advance(key, offer=True)
+            return
+        behind = False
+        for key in keys:
+            behind = await self._advance(key, offer=False) or behind
+        now = trio.current_time()
+        if not behind and not (self._holding() and now - self._asked >= 1.0):
+            return
+        # Causal order needs commits reported after the events it releases were
+        # here: one of them may depend on an event no earlier report covered. So
+        # offer only what is here now, after a round of reports asked for now; a
+        # chain whose brokers do not answer counts as possibly holding more.
+        self._asked = now
+        chains = self.feeds.chains
+        limits = {}
+        for key in self.keys:
+            head = await chains.head_pos(key)
+            limits[key] = -1 if head is None else head[0]
+        await self._drain()
+        round_ = self._state.begin_round()
+        await self.renew(round_=round_)
+        await self._drain()
+        forget = getattr(self.delivery, "forget_head", None)
+        for key in self.keys:
+            if not self._state.reported_in(key, round_) and callable(forget):
+                forget(key)
+        for key in self.keys:
+            await self._advance(key, offer=True, limit=limits[key], round_=round_)
 
     async def _sync_now(self, key: bytes) -> None:
         self._counts["gaps"] += 1
@@ -689,9 +743,11 @@ class Feed:
         hashes = await chains.hashes(key, wanted)
         return self._state.confirmed(key, head, hashes, own)
 
-    async def _advance(self, key: bytes, *, offer: bool) -> bool:
-        """Catch up on ``key`` and offer what is committed; True if there was something
-        new to offer that ``offer=False`` kept back."""
+    async def _advance(self, key: bytes, *, offer: bool, limit: int | None = None,
+                       round_: int | None = None) -> bool:
+        """Catch up on ``key`` and offer what is committed (up to seq ``limit``); True if
+        there was something new to offer that ``offer=False`` kept back. A causal
+        delivery learns the head only from reports of round ``round_``."""
         synced = False
         if self._state.take_sync(key):
             await self._sync_now(key)
@@ -708,19 +764,20 @@ class Feed:
             # The application takes events at its own pace: read no further ahead
             # of it than the buffer; the rest is offered on a later pass.
             room = self.feeds.buffer - len(self._ready)
-            stop = min(confirmed, nxt + room - 1)
+            stop = min(confirmed, nxt + room - 1, confirmed if limit is None else limit)
             if stop < confirmed:
                 self._state.look(key)
             if stop >= nxt:
                 out.extend(await self._offer_range(key, nxt, stop))
-        if self._causal:
-            mark = confirmed if confirmed is not None else -1
+        if (self._causal and round_ is not None and self._state.reported_in(key, round_)
+                and (confirmed is not None or self._state.known_empty(key))):
             try:
-                out.extend(self.delivery.note_head(key, None if mark < 0 else mark))
+                out.extend(self.delivery.note_head(key, confirmed))
             except HoldbackFull as exc:
                 self._blocked = exc
                 self._counts["holdback_full"] += 1
-        elif confirmed is not None and callable(getattr(self.delivery, "note_head", None)):
+        elif (not self._causal and confirmed is not None
+              and callable(getattr(self.delivery, "note_head", None))):
             out.extend(self.delivery.note_head(key, None if confirmed < 0 else confirmed))
         self._emit(out)
         return False
@@ -747,6 +804,8 @@ class Feed:
         for event in events:
             self.observe(event)
         self._ready.extend(events)
+        if events:
+            self._state.progressed(trio.current_time())
         if len(self._ready) > self._counts["peak_buffered"]:
             self._counts["peak_buffered"] = len(self._ready)
 
