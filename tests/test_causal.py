@@ -387,3 +387,23 @@ def test_unstamped_events_follow_their_chain_only() -> None:
 def test_bad_options_are_config_errors(options: dict[str, object], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         make_causal_delivery(options)
+
+
+def test_a_forgotten_head_makes_later_events_wait_and_names_what_they_wait_for() -> None:
+    # y's first event was published after x's first; the head noted for x (empty)
+    # predates both. Once it is forgotten, the y event waits for x seq 0.
+    world = World(random.Random(7))
+    k, a = world.author(), world.author()
+    x, y = crit("x"), crit("y")
+    x0 = world.publish(k, x)
+    world.observe(a, 0)
+    y0 = world.publish(a, y)
+    delivery = CausalDelivery(criteria=[x, y])
+    assert delivery.note_head(x, None) == [] and delivery.blocked() == []
+    delivery.forget_head(x)
+    assert delivery.offer(y0) == []
+    assert delivery.blocked() == [(x, 0)] and delivery.pending() == 1
+    assert delivery.offer(x0) == [x0, y0]
+    assert delivery.blocked() == [] and delivery.pending() == 0
+    with pytest.raises(UsageError):
+        delivery.forget_head(crit("z"))
