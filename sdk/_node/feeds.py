@@ -832,7 +832,10 @@ class Subscription:
 
     async def __anext__(self) -> Event:
         """The next event. Raises :class:`~ketten.errors.HoldbackFull` when the
-        delivery plugin's queue is full and nothing can be delivered."""
+        delivery plugin's queue is full and nothing can be delivered, and
+        :class:`~ketten.errors.DependencyUnavailable` when held events waited
+        ``patience`` seconds for one that could not be had (iterating again
+        keeps waiting; nothing is delivered out of order)."""
         await self._feed.fill()
         return self._feed.pop()
 
@@ -965,7 +968,8 @@ class DurableSubscription:
         (use :meth:`next`); :class:`~ketten.errors.StoreError` if the
         acknowledgement could not be written (nothing moved: the previous
         event is still unacknowledged, and the next call tries again);
-        :class:`~ketten.errors.HoldbackFull` (see :class:`Subscription`).
+        :class:`~ketten.errors.HoldbackFull` and
+        :class:`~ketten.errors.DependencyUnavailable` (see :class:`Subscription`).
         """
         async with self._lock:
             self._check_open()
