@@ -132,13 +132,19 @@ def test_two_senders_shuffled_to_a_third_process(heads_known: bool) -> None:
         assert delivery.pending() == 0
 
 
-def test_b_is_held_back_until_a_arrives() -> None:
-    world = World(random.Random(2))
+def one_after_the_other(seed: int) -> tuple[bytes, bytes, Event, Event]:
+    """Criteria A and B; ``m1`` on A, then ``m2`` on B by an author who saw ``m1``."""
+    world = World(random.Random(seed))
     a, b = world.author(), world.author()
     xa, xb = crit("A"), crit("B")
     m1 = world.publish(a, xa)
     world.observe(b, 0)
     m2 = world.publish(b, xb)
+    return xa, xb, m1, m2
+
+
+def test_b_is_held_back_until_a_arrives() -> None:
+    xa, xb, m1, m2 = one_after_the_other(2)
     delivery = CausalDelivery(criteria=[xa, xb])
     assert delivery.offer(m2) == []
     assert delivery.pending() == 1
@@ -392,12 +398,7 @@ def test_bad_options_are_config_errors(options: dict[str, object], match: str) -
 def test_a_forgotten_head_makes_later_events_wait_and_names_what_they_wait_for() -> None:
     # y's first event was published after x's first; the head noted for x (empty)
     # predates both. Once it is forgotten, the y event waits for x seq 0.
-    world = World(random.Random(7))
-    k, a = world.author(), world.author()
-    x, y = crit("x"), crit("y")
-    x0 = world.publish(k, x)
-    world.observe(a, 0)
-    y0 = world.publish(a, y)
+    x, y, x0, y0 = one_after_the_other(7)
     delivery = CausalDelivery(criteria=[x, y])
     assert delivery.note_head(x, None) == [] and delivery.blocked() == []
     delivery.forget_head(x)

@@ -56,6 +56,12 @@ def outsider(c: Cluster, key: bytes) -> int:
     return c.others(key)[-1]
 
 
+def reader_and_writers(c: Cluster, readers: list[int]) -> tuple[int, list[int], Node]:
+    """The first of ``readers`` and the two lowest other nodes, to write."""
+    index = readers[0]
+    return index, [i for i in sorted(c.nodes) if i != index][:2], c.nodes[index]
+
+
 async def publish(node: Node, key: bytes, payload: bytes, command: int) -> Event:
     """Publish until acknowledged (same command id, so at most once in the chain)."""
     while True:
@@ -258,9 +264,7 @@ async def test_chain_delivery_does_not_wait_across_criteria(plugins, autojump_cl
             readers = [i for i in c.others(x) if i in c.others(y)]
             if only_y and readers:
                 break
-        index = readers[0]
-        writers = [i for i in sorted(c.nodes) if i != index][:2]
-        reader = c.nodes[index]
+        index, writers, reader = reader_and_writers(c, readers)
         async with reader.subscribe([xn, yn], delivery="chain") as sub:
             await trio.sleep(1.0)
             assert all(c.nodes[i]._feeds.live_leases(y) for i in c.brokers(y))
@@ -509,9 +513,7 @@ async def test_a_causal_subscriber_is_told_which_event_it_waits_for(plugins, aut
             readers = [i for i in c.others(x) if i in c.others(y)]
             if readers and not set(c.brokers(x)) & set(c.brokers(y)):
                 break
-        index = readers[0]
-        writers = [i for i in sorted(c.nodes) if i != index][:2]
-        reader = c.nodes[index]
+        index, writers, reader = reader_and_writers(c, readers)
         async with reader.subscribe([xn, yn], delivery="causal") as sub:
             await trio.sleep(1.0)
             # The reader cannot reach x's brokers; y0 happens after x0.
