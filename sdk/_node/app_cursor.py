@@ -22,21 +22,17 @@ __all__ = ["ConnectionCursor"]
 TABLE = "ketten_cursors"
 
 
-def _markers(style: str) -> tuple[str, str]:
-    """The placeholders for two parameters in the driver's paramstyle."""
-    if style == "qmark":
-        return "?", "?"
-    if style in ("format", "pyformat"):
-        return "%s", "%s"
-    if style == "numeric":
-        return ":1", ":2"
+_MARKERS = {"qmark": "?", "format": "%s", "pyformat": "%s", "numeric": ":{n}", "named": ":p{n}"}
+
+
+def _bind(style: str, sql: str, values: tuple[Any, ...]) -> tuple[str, Any]:
+    """``sql`` with its ``{}`` placeholders in the driver's paramstyle, and the parameters
+    to pass with it."""
+    marker = _MARKERS[style]
+    text = sql.format(*(marker.format(n=n) for n in range(1, len(values) + 1)))
     if style == "named":
-        return ":a", ":b"
-    raise UsageError(f"cursor_in: paramstyle {style!r} is not one of DB-API's five")
-
-
-def _params(style: str, first: Any, second: Any) -> Any:
-    return {"a": first, "b": second} if style == "named" else (first, second)
+        return text, {f"p{n}": value for n, value in enumerate(values, 1)}
+    return text, values
 
 
 @attrs.define(eq=False)
@@ -66,20 +62,18 @@ class ConnectionCursor:
                 "an effect and the cursor could not commit together; open it with transactions")
         module = sys.modules.get(type(connection).__module__.split(".")[0])
         style = getattr(module, "paramstyle", None)
-        if not isinstance(style, str):
-            raise UsageError(f"cursor_in: cannot tell the paramstyle of {type(connection)!r}")
-        _markers(style)
+        if style not in _MARKERS:
+            raise UsageError(f"cursor_in: cannot tell the paramstyle of {type(connection)!r} "
+                             f"(got {style!r}, not one of DB-API's five)")
         cursor = cls(connection, name, style)
         cursor._run(f"CREATE TABLE IF NOT EXISTS {TABLE} (name TEXT PRIMARY KEY, state BLOB NOT NULL)",
-                    None, what="create the cursor table")
+                    (), what="create the cursor table")
         cursor.commit()
         return cursor
 
     def load(self) -> bytes | None:
         """The stored state, as the connection sees it."""
-        one, _ = _markers(self._style)
-        params = {"a": self._name} if self._style == "named" else (self._name,)
-        rows = self._run(f"SELECT state FROM {TABLE} WHERE name = {one}", params,
+        rows = self._run(f"SELECT state FROM {TABLE} WHERE name = {{}}", (self._name,),
                          what="read the cursor", fetch=True)
         if not rows:
             return None
@@ -88,12 +82,11 @@ class ConnectionCursor:
 
     def stage(self, state: bytes) -> None:
         """Write ``state`` inside the connection's current transaction (not committed)."""
-        one, two = _markers(self._style)
-        updated = self._run(f"UPDATE {TABLE} SET state = {one} WHERE name = {two}",
-                            _params(self._style, state, self._name), what="write the cursor")
+        updated = self._run(f"UPDATE {TABLE} SET state = {{}} WHERE name = {{}}",
+                            (state, self._name), what="write the cursor")
         if updated == 0:
-            self._run(f"INSERT INTO {TABLE} (name, state) VALUES ({one}, {two})",
-                      _params(self._style, self._name, state), what="write the cursor")
+            self._run(f"INSERT INTO {TABLE} (name, state) VALUES ({{}}, {{}})",
+                      (self._name, state), what="write the cursor")
 
     def write(self, state: bytes) -> None:
         """Stage ``state`` and commit the connection; roll back if either fails."""
@@ -117,14 +110,12 @@ class ConnectionCursor:
         except Exception as exc:
             raise StoreError(f"cursor_in: rollback failed: {exc!r}") from exc
 
-    def _run(self, sql: str, params: Any, *, what: str, fetch: bool = False) -> Any:
+    def _run(self, sql: str, values: tuple[Any, ...], *, what: str, fetch: bool = False) -> Any:
+        text, params = _bind(self._style, sql, values)
         try:
             cursor = self._connection.cursor()
             try:
-                if params is None:
-                    cursor.execute(sql)
-                else:
-                    cursor.execute(sql, params)
+                cursor.execute(text, params)
                 return cursor.fetchall() if fetch else cursor.rowcount
             finally:
                 cursor.close()
