@@ -186,6 +186,9 @@ class KademliaOverlay:
     _rng: random.Random = attrs.field(init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _known_addresses: dict[str, None] = attrs.field(factory=dict, init=False)
+    _peak: int = attrs.field(default=0, init=False)
+    """The most contacts the table held: a network smaller than k never fills it, so
+    only a table below k that lost contacts calls for joining again."""
     _counts: dict[str, int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -222,7 +225,8 @@ class KademliaOverlay:
             last_refresh = trio.current_time()
             while True:
                 await trio.sleep(self.options.ping_interval * (0.75 + 0.5 * self._rng.random()))
-                if len(self._table) < self.options.k:
+                self._peak = max(self._peak, len(self._table))
+                if len(self._table) < min(self.options.k, self._peak or 1):
                     await self._join(again=True)
                 await self._ping_siblings()
                 if trio.current_time() - last_refresh >= self.options.refresh_interval:
@@ -245,11 +249,20 @@ class KademliaOverlay:
         if type(count) is not int or count < 1:
             raise UsageError("count must be a positive integer")
         target = int.from_bytes(key, "big")
-        lookup = await self._lookup(target, max(self.options.k, count))
+        lookup = await self._lookup(target, self._breadth(count))
         found = lookup.result(count)
         found.append(Contact(self._own, self._local_peer()))
         found.sort(key=lambda c: c.id ^ target)
         return [c.peer for c in found[:count]]
+
+    def _breadth(self, count: int) -> int:
+        # A lookup ends once the closest `breadth` nodes it learned of have all
+        # answered. Twice the wanted count (at least alpha more) finds the
+        # `count` closest as surely in a table that knows the key's region,
+        # for a fraction of the queries of a full k-wide lookup.
+        if count >= self.options.k:
+            return count
+        return min(self.options.k, max(2 * count, count + self.options.alpha))
 
     def nearest(self, key: bytes, count: int) -> list[Peer]:
         """The ``count`` known nodes closest to ``key`` (this one included), from the
@@ -259,6 +272,11 @@ class KademliaOverlay:
         found.append(Contact(self._own, self._local_peer()))
         found.sort(key=lambda c: c.id ^ target)
         return [c.peer for c in found[:count]]
+
+    @property
+    def version(self) -> int:
+        """Changes whenever :meth:`nearest` may answer differently (callers cache by it)."""
+        return self._table.version
 
     def address_of(self, public_key: bytes) -> str | None:
         """Where the routing table last reached the node with this key, if it knows it."""

@@ -87,6 +87,7 @@ class RoutingTable:
     _deepest: int = attrs.field(default=-1, init=False)
     _evictions: int = attrs.field(default=0, init=False)
     _refused: int = attrs.field(default=0, init=False)
+    _version: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
         if self.k < 1 or self.sibling_size < 0 or self.stale_after < 1:
@@ -99,6 +100,12 @@ class RoutingTable:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def version(self) -> int:
+        """Changes whenever the answer of :meth:`closest` may have changed (a contact
+        came, went, or moved to another address)."""
+        return self._version
 
     def __contains__(self, node_id: int) -> bool:
         return node_id in self._entries
@@ -186,7 +193,9 @@ class RoutingTable:
         index = bucket_index(self.own_id, node_id)
         entry = self._entries.get(node_id)
         if entry is not None:
-            entry.contact = contact
+            if entry.contact != contact:
+                entry.contact = contact
+                self._version += 1
             entry.last_seen = now
             entry.failures = 0
             if entry.in_bucket:
@@ -205,6 +214,7 @@ class RoutingTable:
         admitted = self._admit(entry, index)
         if entry.in_bucket or sibling:
             self._entries[node_id] = entry
+            self._version += 1
             return Observation(Outcome.ADDED, admitted.ping if admitted else None)
         assert admitted is not None
         return admitted
@@ -246,6 +256,7 @@ class RoutingTable:
             dropped.sibling = False
             if not dropped.in_bucket:
                 del self._entries[dropped_id]
+                self._version += 1
         return True
 
     def failed(self, node_id: int, now: float) -> Contact | None:
@@ -281,6 +292,7 @@ class RoutingTable:
     def _remove(self, entry: _Entry, index: int, now: float) -> Contact | None:
         node_id = entry.contact.id
         del self._entries[node_id]
+        self._version += 1
         self._evictions += 1
         if entry.sibling:
             pos = bisect.bisect_left(self._siblings, (node_id ^ self.own_id, node_id))
@@ -311,6 +323,7 @@ class RoutingTable:
         fresh = _Entry(promoted, now, in_bucket=True)
         self._buckets[index][promoted.id] = fresh
         self._entries[promoted.id] = fresh
+        self._version += 1
         self._offer_sibling(fresh)
         return promoted
 
@@ -323,6 +336,7 @@ class RoutingTable:
                 entry.sibling = False
                 if not entry.in_bucket:
                     del self._entries[node_id]
+        self._version += 1
         self._siblings = [(c.id ^ self.own_id, c.id) for c in chosen]
         for c in chosen:
             self._entries[c.id].sibling = True

@@ -123,6 +123,7 @@ class Node:
 
         sets = self._sets = ReplicaSets(self._rpc, self._overlay, self._member,
                                         config.replication, local_route, config.request_timeout,
+                                        lambda: self.nursery,
                                         memory=self._options.creation_memory)
         acquaintances = sets.acquaintances
         self._rpc.seen = lambda peer, reached: acquaintances.saw(
@@ -138,8 +139,9 @@ class Node:
                               RateLimit(self._options.author_bytes_per_second,
                                         self._options.author_bytes_burst))
         self._publisher = Publisher(self._rpc, sets, self._broker, self._member, self._stamp,
-                                    self._observe, self._clock is not None, self.now_ms, config.request_timeout, self._rng,
-                                    lambda: self.nursery)
+                                    self._observe, self._clock is not None, self.now_ms,
+                                    config.request_timeout, self._rng, lambda: self.nursery,
+                                    self._options.max_publishing)
         settings = Feeds.parse_options(config.options_for("subscriptions"),
                                        self._options.anti_entropy)
         self._feeds = Feeds(self._rpc, chains, self._member, self.now_ms, self._members_of,
@@ -338,7 +340,11 @@ class Node:
         is called (sync or async; it returns the payload to retry with,
         ``None`` for the same one, or raises to give up) and the event is
         rebuilt on the new head; retries back off with jitter until
-        ``deadline`` seconds have passed. Every attempt of one call carries the
+        ``deadline`` seconds have passed. A node works on at most
+        ``max_publishing`` (a replication option, 16) publish calls at once;
+        later calls wait their turn in call order, and their ``deadline`` starts
+        when it comes: an overloaded node slows its publishers down rather than
+        failing them (cancel the call to stop waiting). Every attempt of one call carries the
         hashes of the earlier ones, so one call is applied at most once.
         ``command`` makes the publish idempotent across calls: the id
         ``(author, command)`` is applied at most once per chain, and

@@ -21,7 +21,7 @@ import trio
 from .._core.event import Event
 from .._core.identity import Identity
 from .._core.membership import Member, Pos
-from .._core.messages import MAX_BATCH, Answer, Offer, OfferAnswer, OfferItem
+from .._core.messages import MAX_BATCH, Answer, Offer, OfferAnswer, OfferItem, Route
 from .._core.publish import PublishAttempt, Step, answered_event
 from ..errors import (
     BrokenLink,
@@ -52,6 +52,7 @@ _INVALID: dict[str, type[InvalidEvent]] = {
     WriterNotAllowed.reason: WriterNotAllowed,
 }
 _MAX_KNOWN = 1 << 16
+_MAX_BUILT = 4096
 _BATCH_BYTES = 1 << 20
 
 
@@ -77,8 +78,21 @@ class Publisher:
     request_timeout: float
     rng: random.Random
     nursery: Callable[[], trio.Nursery]
+    max_publishing: int = 16
+    """Calls worked on at once; later ones wait their turn before their deadline starts."""
+    _turns: trio.Semaphore = attrs.field(init=False)
     _heads: OrderedDict[bytes, Pos] = attrs.field(factory=OrderedDict, init=False)
+    _built: OrderedDict[bytes, PublishAttempt] = attrs.field(factory=OrderedDict, init=False)
+    """Events built lately, by the call that built them."""
     _queues: dict[str, list[_Pending]] = attrs.field(factory=dict, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._turns = trio.Semaphore(self.max_publishing)
+
+    @property
+    def waiting(self) -> int:
+        """Publish calls waiting for their turn."""
+        return self._turns.statistics().tasks_waiting
 
     def note_head(self, criterion: bytes, pos: Pos) -> None:
         known = self._heads.get(criterion)
@@ -89,6 +103,24 @@ class Publisher:
                 self._heads.popitem(last=False)
 
     async def publish(
+        self,
+        criterion: bytes,
+        payload: bytes,
+        *,
+        identity: Identity,
+        command: int | None,
+        on_conflict: ConflictHandler | None,
+        deadline: float,
+        writers: Sequence[bytes] | None,
+        base: Pos | None,
+    ) -> Event:
+        """Publish once this call's turn came (see :attr:`max_publishing`)."""
+        async with self._turns:
+            return await self._publish(criterion, payload, identity=identity, command=command,
+                                       on_conflict=on_conflict, deadline=deadline,
+                                       writers=writers, base=base)
+
+    async def _publish(
         self,
         criterion: bytes,
         payload: bytes,
@@ -122,10 +154,15 @@ class Publisher:
             if step is Step.WAIT:
                 await trio.sleep_until(action.until)
             elif step is Step.ROUTE:
-                try:
-                    found = await self.sets.route(criterion, refresh=action.refresh)
-                except KettenError as exc:
-                    attempt.routed(None, error=str(exc))
+                found: Route | Creation | None = None
+                with trio.move_on_at(attempt.deadline):
+                    try:
+                        found = await self.sets.route(criterion, refresh=action.refresh)
+                    except KettenError as exc:
+                        attempt.routed(None, error=str(exc))
+                        continue
+                if found is None:
+                    attempt.routed(None, error="the chain's brokers could not be found in time")
                     continue
                 if isinstance(found, Creation):
                     attempt.routed(None, create=found.members)
@@ -136,10 +173,8 @@ class Publisher:
                     raise UsageError(
                         f"criterion {criterion.hex()[:16]} already has a genesis; writers can "
                         "only be declared by the first event of a chain")
-                attempt.built(Event.create(
-                    identity, criterion=criterion, seq=action.seq, prev=action.prev,
-                    payload=payload, time=self.now_ms(), command=command, clock=self.clock(),
-                    writers=writers if action.seq == 0 else None))
+                attempt.built(self._build(attempt, identity, criterion, action.seq, action.prev,
+                                          payload, command, writers))
             elif step is Step.CONFLICT:
                 assert on_conflict is not None
                 answer = on_conflict(conflict_head)
@@ -167,6 +202,27 @@ class Publisher:
                     if cached is not None and cached.config.epoch < reply.epoch:
                         self.sets.forget(criterion)  # the chain moved: ask again next time
                 attempt.answered(action.target, reply, event, trio.current_time())
+
+    def _build(self, attempt: PublishAttempt, identity: Identity, criterion: bytes, seq: int,
+               prev: bytes | None, payload: bytes, command: int | None,
+               writers: Sequence[bytes] | None) -> Event:
+        """A new event for ``attempt``, never the very event another call built: two
+        calls with the same content in the same millisecond would otherwise be one
+        event, acknowledged to both (a later millisecond tells them apart)."""
+        time = self.now_ms()
+        clock = self.clock()
+        while True:
+            event = Event.create(identity, criterion=criterion, seq=seq, prev=prev,
+                                 payload=payload, time=time, command=command, clock=clock,
+                                 writers=writers if seq == 0 else None)
+            owner = self._built.get(event.hash)
+            if owner is None or owner is attempt or command is not None:
+                break
+            time += 1
+        self._built[event.hash] = attempt
+        while len(self._built) > _MAX_BUILT:
+            self._built.popitem(last=False)
+        return event
 
     def _error(self, attempt: PublishAttempt, kind: str, message: str,
                answer: OfferAnswer | None, criterion: bytes, command: int | None,

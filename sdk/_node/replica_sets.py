@@ -3,10 +3,12 @@
 A chain's brokers are its configuration, not whoever the overlay names
 closest right now. Routes (configuration, term, leader, commit) come from
 this node's own replica state when it has one, from a bounded cache fed by
-brokers' answers (a redirect, a reply), and only on a miss from a network
-lookup: the overlay's closest nodes are asked what they know of the chain
-(``locate``). If none of them holds it, the chain does not exist yet and the
-answer is whom to create it on.
+brokers' answers (a redirect, a reply); on a miss, the ``r`` nodes the
+overlay's routing table names nearest to the key are asked what they know of
+the chain (``locate``, no lookup). Only when none of them knows it, or the
+known route went stale, does a network lookup find the nodes nearest to the
+key and ask them all. If none of them holds it either, the chain does not
+exist yet and the answer is whom to create it on.
 
 ``desired()`` is what the overlay's routing table names now (no network
 traffic): the leader compares it with the configuration to decide moves.
@@ -22,9 +24,10 @@ import trio
 
 from .._core.acquaintances import Acquaintances
 from .._core.membership import ChainConfig, Member, majority
-from .._core.messages import Locate, Route
+from .._core.messages import MAX_BATCH, Locate, Route
 from ..errors import KettenError, QuorumUnavailable
 from ..interfaces import Overlay, Peer
+from .coalesce import Coalescer
 from .rpc import Rpc
 
 __all__ = ["Creation", "ReplicaSets", "Survey"]
@@ -49,6 +52,8 @@ class Survey:
     """How many make up the ``r`` nearest of all asked (overlay and remembered)."""
     nearest_answered: int
     """How many of those answered."""
+    nearby: tuple[Member, ...] = ()
+    """The nodes the overlay named nearest to the key, nearest first."""
 
 
 @attrs.frozen
@@ -87,6 +92,8 @@ class ReplicaSets:
     replication: int
     local: Callable[[bytes], Route | None]
     timeout: float
+    nursery: Callable[[], trio.Nursery]
+    """Where batched locate requests run."""
     rival: Callable[[bytes, bytes, str, tuple[ChainConfig, ...]], None] = (
         lambda criterion, genesis, address, configs: None)
     """Called when a survey finds another chain of a criterion this node holds."""
@@ -100,11 +107,41 @@ class ReplicaSets:
     """Chains this node has seen exist (kept longer than routes, and across restarts)."""
     _known_dirty: bool = attrs.field(default=False, init=False)
     _lookups: int = attrs.field(default=0, init=False)
+    _near_asks: int = attrs.field(default=0, init=False)
+    _locates: Coalescer[bytes, tuple[Route | None, bool]] = attrs.field(init=False)
+    _desired: OrderedDict[bytes, tuple[int, list[Member]]] = attrs.field(factory=OrderedDict,
+                                                                      init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self._locates = Coalescer(self._send_locate, self.nursery, MAX_BATCH)
+
+    async def _send_locate(self, address: str,
+                           criteria: list[bytes]) -> list[tuple[Route | None, bool]]:
+        try:
+            _, reply = await self.rpc.call(address, Locate(tuple(criteria)),
+                                           timeout=self.timeout / 2, retransmit=True)
+        except KettenError:
+            return []
+        if len(reply.routes) != len(criteria):
+            return []
+        held = reply.held or (False,) * len(criteria)
+        return [(route, bool(h)) for route, h in zip(reply.routes, held, strict=True)]
+
+    async def locate(self, member: Member, criterion: bytes) -> tuple[Route | None, bool] | None:
+        """What ``member`` knows of ``criterion``: its route and whether it holds a copy
+        (``None``: it did not answer). Asks made in one scheduler pass to one node
+        travel in one request."""
+        return await self._locates.call(self.address(member), criterion)
 
     @property
     def lookups(self) -> int:
-        """Network lookups made (misses of the cache)."""
+        """Network lookups made (misses of the cache the routing table could not answer)."""
         return self._lookups
+
+    @property
+    def near_asks(self) -> int:
+        """Misses of the cache answered by the nodes the routing table names (no lookup)."""
+        return self._near_asks
 
     def cached(self, criterion: bytes) -> Route | None:
         """The best route known without asking anyone: this node's own view of the chain
@@ -168,10 +205,24 @@ class ReplicaSets:
         return member.address
 
     def desired(self, criterion: bytes) -> list[Member]:
-        """The ``r`` members the overlay's routing table names for ``criterion`` now."""
+        """The ``r`` members the overlay's routing table names for ``criterion`` now.
+
+        Remembered per chain while the overlay's ``version`` (if it has one) stays
+        the same, so background rounds over many chains cost no table scans."""
         if self.overlay is None:
             return [self.own()]
-        return [member_of(p) for p in self.overlay.nearest(criterion, self.replication)]
+        version = getattr(self.overlay, "version", None)
+        if version is not None:
+            known = self._desired.get(criterion)
+            if known is not None and known[0] == version:
+                return list(known[1])
+        members = [member_of(p) for p in self.overlay.nearest(criterion, self.replication)]
+        if version is not None:
+            self._desired[criterion] = (version, members)
+            self._desired.move_to_end(criterion)
+            while len(self._desired) > _MAX_ROUTES:
+                self._desired.popitem(last=False)
+        return list(members)
 
     async def candidates(self, criterion: bytes, count: int) -> list[Member]:
         """The ``count`` nodes closest to ``criterion`` (a network lookup if need be)."""
@@ -195,6 +246,10 @@ class ReplicaSets:
             local = self.local(criterion)
             if local is not None and local.leader == self.own().key:
                 return local  # this node leads the chain: nobody knows better
+        if not refresh:
+            near = await self.ask_near(criterion)
+            if near is not None:
+                return near
         found = await self.survey(criterion)
         if found.route is not None:
             return found.route
@@ -206,7 +261,7 @@ class ReplicaSets:
             raise QuorumUnavailable(
                 f"criterion {criterion.hex()[:16]} exists, but none of its brokers could be "
                 "found or reached")
-        members = (await self.candidates(criterion, self.replication))[: self.replication]
+        members = list(found.nearby[: self.replication])
         if self.overlay is not None and len(members) < self.replication:
             raise QuorumUnavailable(
                 f"only {len(members)} node(s) are known near criterion {criterion.hex()[:16]}; "
@@ -229,6 +284,39 @@ class ReplicaSets:
                     "partition); whether the chain exists cannot be told")
         return None
 
+    async def ask_near(self, criterion: bytes) -> Route | None:
+        """The best route the ``r`` nodes the routing table names nearest to
+        ``criterion`` know (``None``: none of them knows one, or answered).
+
+        No lookup: the routing table answers for a key in all but the first
+        moments of a node's life. A route is only a hint (every broker checks
+        offers against its own configuration), so one node that knows the
+        chain is enough; a new chain is never started on this answer alone.
+        """
+        own = self.own().key
+        near = [m for m in self.desired(criterion) if m.key != own]
+        if not near:
+            return None
+        found: list[Route] = []
+
+        async def ask(member: Member) -> None:
+            answer = await self.locate(member, criterion)
+            if answer is not None and answer[0] is not None:
+                found.append(answer[0])
+
+        async with trio.open_nursery() as nursery:
+            for member in near:
+                nursery.start_soon(ask, member)
+        if not found:
+            return None
+        self._near_asks += 1
+        best = min(found, key=preference)
+        local = self.local(criterion)
+        if local is not None and preference(local) < preference(best):
+            return local
+        self.learn(criterion, best)
+        return best
+
     async def survey(self, criterion: bytes) -> Survey:
         """Ask the nodes nearest to ``criterion`` what they know: twice ``r`` of them
         named by the overlay, and the ``r`` nearest of those this node heard from
@@ -250,13 +338,7 @@ class ReplicaSets:
         results: list[tuple[Route | None, bool] | None] = [None] * len(others)
 
         async def ask(index: int, member: Member) -> None:
-            try:
-                _, reply = await self.rpc.call(self.address(member), Locate((criterion,)),
-                                               timeout=self.timeout / 2, retransmit=True)
-            except KettenError:
-                return
-            if len(reply.routes) == 1:
-                results[index] = (reply.routes[0], bool(reply.held and reply.held[0]))
+            results[index] = await self.locate(member, criterion)
 
         async with trio.open_nursery() as nursery:
             for index, member in enumerate(others):
@@ -286,7 +368,8 @@ class ReplicaSets:
                       answered=sum(1 for m in nearby if m.key in answering),
                       asked=len(nearby) or 1,
                       nearest=len(nearest),
-                      nearest_answered=sum(1 for m in nearest if m.key in answering))
+                      nearest_answered=sum(1 for m in nearest if m.key in answering),
+                      nearby=tuple(nearby))
 
     def members_of(self, route: Route) -> Sequence[Member]:
         return route.config.members()

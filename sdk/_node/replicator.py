@@ -126,6 +126,10 @@ class ReplicationOptions:
     :class:`~ketten.errors.QuotaExceeded` and stores nothing."""
     allow_recovery: bool = False
     """Permit :meth:`ketten.Node.recover` (it can lose acknowledged events)."""
+    max_publishing: int = 16
+    """Publish calls this node works on at once; later calls wait their turn (in call
+    order) before their ``deadline`` starts, so an overloaded node slows its
+    publishers down instead of failing them."""
     request_timeout: float = 5.0
     batch_bytes: int = 1 << 20
     time: Callable[[], int] | None = None
@@ -133,7 +137,7 @@ class ReplicationOptions:
     KNOWN = frozenset({"anti_entropy", "hysteresis", "election_timeout", "commit_flush",
                        "catch_up_limit", "creation_memory", "allow_recovery",
                        "creations_per_second", "creation_burst", "author_bytes_per_second",
-                       "author_bytes_burst", "time"})
+                       "author_bytes_burst", "max_publishing", "time"})
 
     @classmethod
     def parse(cls, options: Mapping[str, Any], *, request_timeout: float,
@@ -164,6 +168,7 @@ class ReplicationOptions:
                                          max_event_size,
                                          " (max_event_size: one event must fit)"),
             allow_recovery=allow,
+            max_publishing=_at_least(options, "max_publishing", 16),
             request_timeout=request_timeout,
             batch_bytes=batch_bytes,
             time=clock,
@@ -215,6 +220,10 @@ class Replicator:
     _creations: dict[bytes, trio.Event] = attrs.field(factory=dict, init=False)
     _dirty_states: dict[bytes, None] = attrs.field(factory=dict, init=False)
     _members: dict[bytes, frozenset[bytes]] = attrs.field(factory=dict, init=False)
+    _members_changes: int = attrs.field(default=0, init=False)
+    _shared_cache: tuple[dict[bytes, frozenset[bytes]], int, dict[bytes, list[bytes]]] | None = (
+        attrs.field(default=None, init=False))
+    _entry_hashes: dict[bytes, tuple[int, int, int]] = attrs.field(factory=dict, init=False)
     """Voters of every chain this node holds state of (for background rounds)."""
     _watch_moves: MoveWatch = attrs.field(init=False)
     _committed: list[Callable[[bytes, Pos], None]] = attrs.field(factory=list, init=False)
@@ -385,6 +394,7 @@ class Replicator:
             self._genesis.pop(criterion, None)
             await self.chains.save_state(criterion, ChainState())
             self._members.pop(criterion, None)
+            self._members_changes += 1
             self._watch_moves.forget(criterion)
             self._reconfigs.pop(criterion, None)
         self._counts["chains_yielded"] += 1
@@ -472,10 +482,14 @@ class Replicator:
     def _index(self, criterion: bytes, state: ChainState) -> None:
         config = state.config
         if config is None:
-            self._members.pop(criterion, None)
+            if self._members.pop(criterion, None) is not None:
+                self._members_changes += 1
             self._watch_moves.forget(criterion)
         else:
-            self._members[criterion] = config.keys()
+            keys = config.keys()
+            if self._members.get(criterion) != keys:
+                self._members[criterion] = keys
+                self._members_changes += 1
 
     async def _save(self, replica: Replica) -> None:
         """Persist the replica's state now (the caller holds the chain's lock)."""
@@ -866,6 +880,7 @@ class Replicator:
         if fresh and self._replicas.get(criterion) is replica and replica.head is None:
             del self._replicas[criterion]
             self._members.pop(criterion, None)
+            self._members_changes += 1
             self._watch_moves.forget(criterion)
 
     async def _ask(self, replica: Replica, members: list[Member], item: VoteItem) -> None:
@@ -1357,10 +1372,15 @@ class Replicator:
     # -- anti-entropy ----------------------------------------------------------------------
 
     def _shared(self) -> dict[bytes, list[bytes]]:
-        """Per peer key, the chains this node shares with it (sorted)."""
+        """Per peer key, the chains this node shares with it (sorted). Worked out again
+        only after a chain's members changed here."""
+        members = self._members
+        cached = self._shared_cache
+        if cached is not None and cached[0] is members and cached[1] == self._members_changes:
+            return cached[2]
         own = self.own().key
         out: dict[bytes, list[bytes]] = {}
-        for criterion, voters in self._members.items():
+        for criterion, voters in members.items():
             if own not in voters:
                 continue
             for key in voters:
@@ -1368,6 +1388,7 @@ class Replicator:
                     out.setdefault(key, []).append(criterion)
         for chains in out.values():
             chains.sort()
+        self._shared_cache = (members, self._members_changes, out)
         return out
 
     def _entry(self, criterion: bytes) -> tuple[bytes, int, int]:
@@ -1379,11 +1400,17 @@ class Replicator:
 
     def _buckets(self, chains: list[bytes]) -> tuple[bytes, ...]:
         acc = [0] * _BUCKETS
+        hashed = self._entry_hashes
+        if len(hashed) > 2 * len(self._members) + 1024:
+            hashed.clear()
         for criterion in chains:
             _, epoch, commit = self._entry(criterion)
-            digest = hashlib.sha256(criterion + epoch.to_bytes(8, "big")
-                                    + (commit + 1).to_bytes(8, "big")).digest()
-            acc[criterion[0] >> 4] ^= int.from_bytes(digest[:16], "big")
+            known = hashed.get(criterion)
+            if known is None or known[0] != epoch or known[1] != commit:
+                digest = hashlib.sha256(criterion + epoch.to_bytes(8, "big")
+                                        + (commit + 1).to_bytes(8, "big")).digest()
+                known = hashed[criterion] = (epoch, commit, int.from_bytes(digest[:16], "big"))
+            acc[criterion[0] >> 4] ^= known[2]
         return tuple(a.to_bytes(16, "big") for a in acc)
 
     async def _serve_digest(self, peer: Peer, request: Digest) -> DigestReply:

@@ -1,0 +1,68 @@
+"""Requests to one peer made in the same scheduler pass travel as one.
+
+A caller queues its item for an address; the first item of a pass starts a
+sender in the node's nursery that waits one scheduler pass, then sends every
+item queued for that address meanwhile (in batches of at most ``max_batch``)
+and hands each caller its own answer. A caller that stops waiting does not
+cut the batch short for the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar
+
+import attrs
+import trio
+
+__all__ = ["Coalescer"]
+
+Item = TypeVar("Item")
+Answer = TypeVar("Answer")
+
+
+@attrs.define(eq=False)
+class _Slot(Generic[Item, Answer]):
+    item: Item
+    done: trio.Event = attrs.field(factory=trio.Event)
+    answer: Answer | None = None
+
+
+@attrs.define(eq=False)
+class Coalescer(Generic[Item, Answer]):
+    """Batches items per address; ``send(address, items)`` returns one answer per item
+    (``None``: none came) and must not raise."""
+
+    send: Callable[[str, list[Item]], Awaitable[Sequence[Answer | None]]]
+    nursery: Callable[[], trio.Nursery]
+    max_batch: int
+    _queues: dict[str, list[_Slot[Item, Answer]]] = attrs.field(factory=dict, init=False)
+
+    async def call(self, address: str, item: Item) -> Answer | None:
+        """``item``'s answer from ``address`` (``None``: none came)."""
+        slot: _Slot[Item, Answer] = _Slot(item)
+        queue = self._queues.get(address)
+        if queue is None:
+            queue = self._queues[address] = []
+            self.nursery().start_soon(self._flush, address)
+        queue.append(slot)
+        await slot.done.wait()
+        return slot.answer
+
+    async def _flush(self, address: str) -> None:
+        await trio.lowlevel.checkpoint()
+        queue = self._queues.pop(address)
+        async with trio.open_nursery() as nursery:
+            for start in range(0, len(queue), self.max_batch):
+                nursery.start_soon(self._send, address, queue[start:start + self.max_batch])
+
+    async def _send(self, address: str, batch: list[_Slot[Item, Answer]]) -> None:
+        answers: Sequence[Answer | None] = ()
+        try:
+            answers = await self.send(address, [slot.item for slot in batch])
+        finally:
+            if len(answers) != len(batch):
+                answers = [None] * len(batch)
+            for slot, answer in zip(batch, answers, strict=True):
+                slot.answer = answer
+                slot.done.set()

@@ -1,0 +1,119 @@
+"""The publish path at scale: routes without lookups, admission, distinct events."""
+
+from __future__ import annotations
+
+import trio
+import trio.testing
+
+from ketten import criterion_key
+from ketten.plugins.kademlia._ids import Contact
+from ketten.plugins.kademlia._routing import RoutingTable
+from ketten.testing import deterministic_identity, open_cluster
+
+
+async def test_a_node_new_to_a_chain_finds_it_without_a_lookup(autojump_clock) -> None:
+    async with open_cluster(8, overlay="kademlia", seed=3, settle=5.0) as cluster:
+        for index in range(8):
+            await cluster[index].publish(f"c{index}", b"first")
+        key = criterion_key("c0")
+        newcomer = next(i for i in range(1, 8)
+                        if cluster[i]._sets.cached(key) is None)
+        sets = cluster[newcomer]._sets
+        before = sets.lookups
+        event = await cluster[newcomer].publish("c0", b"second")
+        assert event.seq == 1
+        assert sets.lookups == before  # the routing table named a broker that knew
+        assert sets.near_asks >= 1
+
+
+async def test_a_new_chain_is_still_started_only_after_a_lookup(autojump_clock) -> None:
+    async with open_cluster(8, overlay="kademlia", seed=4, settle=5.0) as cluster:
+        sets = cluster[2]._sets
+        before = sets.lookups
+        await cluster[2].publish("fresh", b"genesis")
+        assert sets.lookups == before + 1
+
+
+async def test_publishes_beyond_max_publishing_wait_their_turn(autojump_clock) -> None:
+    async with open_cluster(3, seed=5, options={"replication": {"max_publishing": 2}}) as cluster:
+        node = cluster[0]
+        publisher = node._publisher
+        waited: list[int] = []
+        events = []
+
+        async def one(n: int) -> None:
+            events.append(await node.publish(f"k{n}", b"%d" % n, deadline=5.0))
+
+        async with trio.open_nursery() as nursery:
+            for n in range(10):
+                nursery.start_soon(one, n)
+            await trio.testing.wait_all_tasks_blocked()
+            waited.append(publisher.waiting)
+        assert waited == [8]
+        assert len(events) == 10 and publisher.waiting == 0
+
+
+async def test_two_calls_with_the_same_content_in_one_millisecond_are_two_events(
+        autojump_clock) -> None:
+    frozen = {"replication": {"time": lambda: 1_000}}
+    async with open_cluster(3, seed=6, options=frozen) as cluster:
+        node = cluster[0]
+        await node.publish("same", b"genesis")
+        events = []
+
+        async def one() -> None:
+            events.append(await node.publish("same", b"twice", deadline=10.0))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            nursery.start_soon(one)
+        assert events[0].hash != events[1].hash
+        chain = await node.read("same")
+        assert {e.hash for e in events} <= {e.hash for e in chain}
+        assert len(chain) == 3
+
+
+async def test_the_same_command_twice_is_still_one_event(autojump_clock) -> None:
+    frozen = {"replication": {"time": lambda: 1_000}}
+    async with open_cluster(3, seed=7, options=frozen) as cluster:
+        node = cluster[0]
+        await node.publish("cmd", b"genesis")
+        events = []
+
+        async def one() -> None:
+            events.append(await node.publish("cmd", b"pay", command=5, deadline=10.0))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(one)
+            nursery.start_soon(one)
+        assert events[0].hash == events[1].hash
+        assert len(await node.read("cmd")) == 2
+
+
+def test_the_routing_table_version_changes_with_its_contacts() -> None:
+    own = deterministic_identity(9, 0)
+    table = RoutingTable(int.from_bytes(own.node_id, "big"), k=4)
+    peer = deterministic_identity(9, 1)
+    from ketten.interfaces import Peer
+
+    contact = Contact.of(Peer("m:1", peer.public_key))
+    start = table.version
+    table.observe(contact, 0.0)
+    added = table.version
+    assert added != start
+    table.observe(contact, 1.0)  # seen again, same address: nothing changed
+    assert table.version == added
+    table.observe(Contact.of(Peer("m:2", peer.public_key)), 2.0)  # moved
+    moved = table.version
+    assert moved != added
+    table.remove(contact.id, 3.0)
+    assert table.version != moved
+
+
+async def test_a_stable_network_smaller_than_k_does_not_join_again(autojump_clock) -> None:
+    async with open_cluster(5, overlay="kademlia", seed=8, settle=5.0) as cluster:
+        overlay = cluster[1].overlay
+        assert overlay is not None
+        before = overlay.statistics().lookups
+        await trio.sleep(120.0)
+        assert overlay.statistics().lookups == before
