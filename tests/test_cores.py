@@ -536,12 +536,16 @@ def test_acquaintances_name_the_recently_seen_nodes_nearest_to_a_key() -> None:
     known.saw(keys[3], "n:new", 9.0)  # answered again, somewhere else
     assert [(m.key, m.address) for m in known.nearest(target, 5, since=6.0)] == [
         (keys[3], "n:new")]
-    # A request refreshes a known node but never moves it to the address it claims,
-    # and a stranger's request adds nothing.
+    # A request refreshes a known node but never moves it to the address it claims;
+    # a stranger's request makes it known at the address it claims, until it answers.
     known.saw(keys[3], "n:claimed", 10.0, reached=False)
     known.saw(keys[0], "n:stranger", 10.0, reached=False)
-    assert [(m.key, m.address) for m in known.nearest(target, 5, since=10.0)] == [
-        (keys[3], "n:new")]
+    assert sorted((m.key, m.address) for m in known.nearest(target, 5, since=10.0)) == sorted([
+        (keys[3], "n:new"), (keys[0], "n:stranger")])
+    known.saw(keys[0], "n:other", 11.0, reached=False)
+    known.saw(keys[3], "n:answered", 11.0)
+    assert sorted((m.key, m.address) for m in known.nearest(target, 5, since=11.0)) == sorted([
+        (keys[3], "n:answered"), (keys[0], "n:stranger")])
 
 
 def test_rate_limit_gives_a_burst_then_a_rate_per_key_and_forgets_the_oldest_key() -> None:

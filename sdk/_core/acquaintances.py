@@ -11,7 +11,12 @@ the memory window answer (or the window passes).
 
 The memory is bounded (least recently seen first out) and keyed by the
 authenticated public key, so a peer cannot place entries under keys it does
-not own; addresses are taken only from answers to requests sent there.
+not own. A node first heard from through its own request is remembered at
+the address it claims (the overlay admits it to its routing table the same
+way, and the brokers of a chain that all crash may never have answered this
+node: forgetting them would let it start a second chain); an answer moves an
+entry to the address that answered, and a claimed address never replaces
+one that answered.
 """
 
 from __future__ import annotations
@@ -36,11 +41,9 @@ class Acquaintances:
 
     def saw(self, key: bytes, address: str, now: float, *, reached: bool = True) -> None:
         """``key`` sent an authenticated message at ``now``: an answer from ``address``
-        (``reached``), or a request claiming ``address``, which only refreshes a node
-        known to answer at an address (a claimed address is never taken)."""
+        (``reached``), or a request claiming ``address``, which is taken only for a node
+        not known yet (never in place of an address that answered)."""
         known = self._seen.get(key)
-        if known is None and not reached:
-            return
         if known is not None:
             node_id = known[2]
             if not reached:
