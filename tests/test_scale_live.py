@@ -43,7 +43,7 @@ async def test_fifty_kademlia_nodes_acknowledge_and_read_a_thousand_publishes_in
         async def one(number: int) -> None:
             name = rng.choice(names)
             try:
-                event = await rng.choice(nodes).publish(name, b"%d" % number)
+                event = await rng.choice(nodes).publish(name, b"%d" % number, deadline=60.0)
             except ketten.KettenError as exc:
                 failures.append(f"{type(exc).__name__}: {exc}")
                 return
