@@ -2,8 +2,9 @@
 
 A caller queues its item for an address; the first item of a pass starts a
 sender in the node's nursery that waits one scheduler pass, then sends every
-item queued for that address meanwhile (in batches of at most ``max_batch``)
-and hands each caller its own answer. A caller that stops waiting does not
+item queued for that address meanwhile (in batches of at most ``max_batch``
+items and, with ``size``, ``max_bytes`` bytes) and hands each caller its own
+answer. A caller that stops waiting does not
 cut the batch short for the others.
 """
 
@@ -36,6 +37,9 @@ class Coalescer(Generic[Item, Answer]):
     send: Callable[[str, list[Item]], Awaitable[Sequence[Answer | None]]]
     nursery: Callable[[], trio.Nursery]
     max_batch: int
+    size: Callable[[Item], int] | None = None
+    """The bytes an item adds to a request (``None``: batches are bounded by count only)."""
+    max_bytes: int = 0
     _queues: dict[str, list[_Slot[Item, Answer]]] = attrs.field(factory=dict, init=False)
 
     async def call(self, address: str, item: Item) -> Answer | None:
@@ -52,9 +56,19 @@ class Coalescer(Generic[Item, Answer]):
     async def _flush(self, address: str) -> None:
         await trio.lowlevel.checkpoint()
         queue = self._queues.pop(address)
+        batches: list[list[_Slot[Item, Answer]]] = [[]]
+        used = 0
+        for slot in queue:
+            cost = 0 if self.size is None else self.size(slot.item)
+            if batches[-1] and (len(batches[-1]) >= self.max_batch
+                                or (self.size is not None and used + cost > self.max_bytes)):
+                batches.append([])
+                used = 0
+            batches[-1].append(slot)
+            used += cost
         async with trio.open_nursery() as nursery:
-            for start in range(0, len(queue), self.max_batch):
-                nursery.start_soon(self._send, address, queue[start:start + self.max_batch])
+            for batch in batches:
+                nursery.start_soon(self._send, address, batch)
 
     async def _send(self, address: str, batch: list[_Slot[Item, Answer]]) -> None:
         answers: Sequence[Answer | None] = ()

@@ -13,7 +13,6 @@ import inspect
 import random
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 import attrs
 import trio
@@ -37,6 +36,7 @@ from ..errors import (
     WriterNotAllowed,
 )
 from .broker import Broker
+from .coalesce import Coalescer
 from .replica_sets import Creation, ReplicaSets
 from .rpc import Rpc
 
@@ -54,13 +54,6 @@ _INVALID: dict[str, type[InvalidEvent]] = {
 _MAX_KNOWN = 1 << 16
 _MAX_BUILT = 4096
 _BATCH_BYTES = 1 << 20
-
-
-@attrs.define(eq=False)
-class _Pending:
-    item: OfferItem
-    done: trio.Event = attrs.field(factory=trio.Event)
-    answer: OfferAnswer | None = None
 
 
 @attrs.define(eq=False)
@@ -84,10 +77,12 @@ class Publisher:
     _heads: OrderedDict[bytes, Pos] = attrs.field(factory=OrderedDict, init=False)
     _built: OrderedDict[bytes, PublishAttempt] = attrs.field(factory=OrderedDict, init=False)
     """Events built lately, by the call that built them."""
-    _queues: dict[str, list[_Pending]] = attrs.field(factory=dict, init=False)
+    _offers: Coalescer[OfferItem, OfferAnswer] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._turns = trio.Semaphore(self.max_publishing)
+        self._offers = Coalescer(self._send_offers, self.nursery, MAX_BATCH,
+                                 size=lambda item: len(item.event), max_bytes=_BATCH_BYTES)
 
     @property
     def waiting(self) -> int:
@@ -116,92 +111,76 @@ class Publisher:
     ) -> Event:
         """Publish once this call's turn came (see :attr:`max_publishing`)."""
         async with self._turns:
-            return await self._publish(criterion, payload, identity=identity, command=command,
-                                       on_conflict=on_conflict, deadline=deadline,
-                                       writers=writers, base=base)
-
-    async def _publish(
-        self,
-        criterion: bytes,
-        payload: bytes,
-        *,
-        identity: Identity,
-        command: int | None,
-        on_conflict: ConflictHandler | None,
-        deadline: float,
-        writers: Sequence[bytes] | None,
-        base: Pos | None,
-    ) -> Event:
-        now = trio.current_time()
-        known = self._heads.get(criterion)
-        if known is not None and (base is None or known[0] > base[0]):
-            base = known
-        attempt = PublishAttempt(criterion, now + deadline, self.rng, base=base,
-                                 has_conflict_handler=on_conflict is not None,
-                                 route_base=not self.has_clock)
-        conflict_head: Event | None = None
-        while True:
-            action = attempt.next(trio.current_time())
-            step = action.step
-            if step is Step.DONE:
-                assert action.event is not None
-                self.note_head(criterion, (action.event.seq, action.event.hash))
-                self.sets.note_exists(criterion)
-                return action.event
-            if step is Step.FAIL:
-                raise self._error(attempt, action.error, action.message, action.answer,
-                                  criterion, command, identity, deadline)
-            if step is Step.WAIT:
-                await trio.sleep_until(action.until)
-            elif step is Step.ROUTE:
-                found: Route | Creation | None = None
-                with trio.move_on_at(attempt.deadline):
-                    try:
-                        found = await self.sets.route(criterion, refresh=action.refresh)
-                    except KettenError as exc:
-                        attempt.routed(None, error=str(exc))
+            now = trio.current_time()
+            known = self._heads.get(criterion)
+            if known is not None and (base is None or known[0] > base[0]):
+                base = known
+            attempt = PublishAttempt(criterion, now + deadline, self.rng, base=base,
+                                     has_conflict_handler=on_conflict is not None,
+                                     route_base=not self.has_clock)
+            conflict_head: Event | None = None
+            while True:
+                action = attempt.next(trio.current_time())
+                step = action.step
+                if step is Step.DONE:
+                    assert action.event is not None
+                    self.note_head(criterion, (action.event.seq, action.event.hash))
+                    self.sets.note_exists(criterion)
+                    return action.event
+                if step is Step.FAIL:
+                    raise self._error(attempt, action.error, action.message, action.answer,
+                                      criterion, command, identity, deadline)
+                if step is Step.WAIT:
+                    await trio.sleep_until(action.until)
+                elif step is Step.ROUTE:
+                    found: Route | Creation | None = None
+                    with trio.move_on_at(attempt.deadline):
+                        try:
+                            found = await self.sets.route(criterion, refresh=action.refresh)
+                        except KettenError as exc:
+                            attempt.routed(None, error=str(exc))
+                            continue
+                    if found is None:
+                        attempt.routed(None, error="the chain's brokers could not be found in time")
                         continue
-                if found is None:
-                    attempt.routed(None, error="the chain's brokers could not be found in time")
-                    continue
-                if isinstance(found, Creation):
-                    attempt.routed(None, create=found.members)
-                else:
-                    attempt.routed(found)
-            elif step is Step.BUILD:
-                if writers is not None and action.seq != 0:
-                    raise UsageError(
-                        f"criterion {criterion.hex()[:16]} already has a genesis; writers can "
-                        "only be declared by the first event of a chain")
-                attempt.built(self._build(attempt, identity, criterion, action.seq, action.prev,
-                                          payload, command, writers))
-            elif step is Step.CONFLICT:
-                assert on_conflict is not None
-                answer = on_conflict(conflict_head)
-                if inspect.isawaitable(answer):
-                    answer = await answer
-                if answer is not None:
-                    if not isinstance(answer, bytes):
-                        raise UsageError("on_conflict must return bytes or None")
-                    payload = answer
-                attempt.resolved()
-            elif step is Step.SEND:
-                assert action.target is not None and action.item is not None
-                reply: OfferAnswer | None = None
-                event: Event | None = None
-                with trio.move_on_at(attempt.deadline):
-                    reply, event = await self._offer(action.target, action.item, attempt.event)
-                if reply is not None and reply.kind is Answer.STALE:
-                    conflict_head = event
-                    if event is not None:
-                        self.note_head(criterion, (event.seq, event.hash))
-                if reply is not None and reply.route is not None:
-                    self.sets.learn(criterion, reply.route)
-                elif reply is not None and reply.epoch:
-                    cached = self.sets.cached(criterion)
-                    if cached is not None and cached.config.epoch < reply.epoch:
-                        self.sets.forget(criterion)  # the chain moved: ask again next time
-                attempt.answered(action.target, reply, event, trio.current_time())
+                    if isinstance(found, Creation):
+                        attempt.routed(None, create=found.members)
+                    else:
+                        attempt.routed(found)
+                elif step is Step.BUILD:
+                    if writers is not None and action.seq != 0:
+                        raise UsageError(
+                            f"criterion {criterion.hex()[:16]} already has a genesis; writers can "
+                            "only be declared by the first event of a chain")
+                    attempt.built(self._build(attempt, identity, criterion, action.seq, action.prev,
+                                              payload, command, writers))
+                elif step is Step.CONFLICT:
+                    assert on_conflict is not None
+                    answer = on_conflict(conflict_head)
+                    if inspect.isawaitable(answer):
+                        answer = await answer
+                    if answer is not None:
+                        if not isinstance(answer, bytes):
+                            raise UsageError("on_conflict must return bytes or None")
+                        payload = answer
+                    attempt.resolved()
+                elif step is Step.SEND:
+                    assert action.target is not None and action.item is not None
+                    reply: OfferAnswer | None = None
+                    event: Event | None = None
+                    with trio.move_on_at(attempt.deadline):
+                        reply, event = await self._offer(action.target, action.item, attempt.event)
+                    if reply is not None and reply.kind is Answer.STALE:
+                        conflict_head = event
+                        if event is not None:
+                            self.note_head(criterion, (event.seq, event.hash))
+                    if reply is not None and reply.route is not None:
+                        self.sets.learn(criterion, reply.route)
+                    elif reply is not None and reply.epoch:
+                        cached = self.sets.cached(criterion)
+                        if cached is not None and cached.config.epoch < reply.epoch:
+                            self.sets.forget(criterion)  # the chain moved: ask again next time
+                    attempt.answered(action.target, reply, event, trio.current_time())
 
     def _build(self, attempt: PublishAttempt, identity: Identity, criterion: bytes, seq: int,
                prev: bytes | None, payload: bytes, command: int | None,
@@ -262,7 +241,7 @@ class Publisher:
                 except KettenError:
                     answer = None
         else:
-            answer = await self._remote(self.sets.address(target), item)
+            answer = await self._offers.call(self.sets.address(target), item)
         if answer is None or answer.event is None or offered is None:
             return answer, None
         try:
@@ -272,44 +251,12 @@ class Publisher:
         self.observe(event)
         return answer, event
 
-    async def _remote(self, address: str, item: OfferItem) -> OfferAnswer | None:
-        pending = _Pending(item)
-        queue = self._queues.get(address)
-        if queue is None:
-            queue = self._queues[address] = []
-            self.nursery().start_soon(self._send_queued, address)
-        queue.append(pending)
-        await pending.done.wait()
-        return pending.answer
-
-    async def _send_queued(self, address: str) -> None:
-        # Runs one scheduler pass after the first offer was queued: every offer
-        # made meanwhile travels in the same request.
-        await trio.lowlevel.checkpoint()
-        queue = self._queues.pop(address)
-        batches: list[list[_Pending]] = [[]]
-        size = 0
-        for pending in queue:
-            batch = batches[-1]
-            if batch and (len(batch) >= MAX_BATCH or size + len(pending.item.event) > _BATCH_BYTES):
-                batches.append([])
-                size = 0
-            batches[-1].append(pending)
-            size += len(pending.item.event)
-        async with trio.open_nursery() as nursery:
-            for batch in batches:
-                nursery.start_soon(self._send, address, batch)
-
-    async def _send(self, address: str, batch: list[_Pending]) -> None:
-        answers: list[Any] = [None] * len(batch)
+    async def _send_offers(self, address: str,
+                           items: list[OfferItem]) -> Sequence[OfferAnswer | None]:
+        # Offers to one broker made in the same scheduler pass travel in one request.
         try:
-            _, reply = await self.rpc.call(address, Offer(tuple(p.item for p in batch)),
+            _, reply = await self.rpc.call(address, Offer(tuple(items)),
                                            timeout=self.request_timeout + 0.5, retransmit=True)
-            if len(reply.answers) == len(batch):
-                answers = list(reply.answers)
         except KettenError:
-            pass
-        finally:
-            for pending, answer in zip(batch, answers, strict=True):
-                pending.answer = answer
-                pending.done.set()
+            return ()
+        return reply.answers if len(reply.answers) == len(items) else ()
