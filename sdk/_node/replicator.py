@@ -220,11 +220,10 @@ class Replicator:
     _creations: dict[bytes, trio.Event] = attrs.field(factory=dict, init=False)
     _dirty_states: dict[bytes, None] = attrs.field(factory=dict, init=False)
     _members: dict[bytes, frozenset[bytes]] = attrs.field(factory=dict, init=False)
-    _members_changes: int = attrs.field(default=0, init=False)
-    _shared_cache: tuple[dict[bytes, frozenset[bytes]], int, dict[bytes, list[bytes]]] | None = (
-        attrs.field(default=None, init=False))
-    _entry_hashes: dict[bytes, tuple[int, int, int]] = attrs.field(factory=dict, init=False)
     """Voters of every chain this node holds state of (for background rounds)."""
+    _shared_cache: dict[bytes, list[bytes]] | None = attrs.field(default=None, init=False)
+    """Per peer, the chains shared with it (see :meth:`_shared`); ``None`` after a change."""
+    _entry_hashes: dict[bytes, tuple[int, int, int]] = attrs.field(factory=dict, init=False)
     _watch_moves: MoveWatch = attrs.field(init=False)
     _committed: list[Callable[[bytes, Pos], None]] = attrs.field(factory=list, init=False)
     _learner_members: dict[bytes, Member] = attrs.field(factory=dict, init=False)
@@ -318,14 +317,20 @@ class Replicator:
         """:meth:`settle_rival` in the background, for a rival a survey found."""
         self._spawn(self.settle_rival, criterion, rival, address, configs)
 
-    async def _one_group(self, criterion: bytes, configs: Sequence[ChainConfig]) -> bool:
-        """Does the chain held here share a configuration with ``configs``? Then the two
-        are one replication group, whatever their first events: its leader's log wins
-        where they differ (Raft's log matching), and a genesis held here that its
-        leader lacks was never committed. Only chains of two groups, started on two
-        sides of a partition, are settled by the older genesis."""
+    async def _is_rival(self, criterion: bytes, genesis: bytes | None,
+                        configs: Sequence[ChainConfig]) -> bool:
+        """Is the chain with first event ``genesis`` and configurations ``configs`` a rival
+        of the chain held here? Not if the first events agree (or one is unknown), nor
+        if the two share a configuration: then they are one replication group, whatever
+        their first events, its leader's log wins where they differ (Raft's log
+        matching), and a genesis held here that its leader lacks was never committed.
+        Only chains of two groups, started on two sides of a partition, are settled
+        by the older genesis."""
+        own = await self.genesis(criterion)
+        if genesis is None or own is None or genesis == own:
+            return False
         replica = await self.replica(criterion)
-        return replica is not None and any(c in replica.state.configs for c in configs)
+        return replica is None or not any(c in replica.state.configs for c in configs)
 
     def _give_up(self, criterion: bytes, genesis: bytes) -> None:
         self._lost[criterion] = self._lost.get(criterion, frozenset()) | {genesis}
@@ -363,13 +368,11 @@ class Replicator:
         replication state is dropped, and the node can join the winner later
         like any new broker. Returns whether ours lost. ``configs``: the rival's
         configurations, if known; sharing one with ours makes it no rival (see
-        :meth:`_one_group`).
+        :meth:`_is_rival`).
         """
+        if rival is None or not await self._is_rival(criterion, rival, configs):
+            return False
         own = await self.genesis(criterion)
-        if rival is None or own is None or rival == own:
-            return False
-        if await self._one_group(criterion, configs):
-            return False
         theirs = await self._rival_genesis(address, criterion, rival)
         first = await self.chains.range(criterion, 0, 1)
         if theirs is None or not first or first[0].hash != own or genesis_wins(first[0], theirs):
@@ -393,9 +396,7 @@ class Replicator:
             orphans = await self.chains.cut(criterion, 0, [], force=True)
             self._genesis.pop(criterion, None)
             await self.chains.save_state(criterion, ChainState())
-            self._members.pop(criterion, None)
-            self._members_changes += 1
-            self._watch_moves.forget(criterion)
+            self._drop_members(criterion)
             self._reconfigs.pop(criterion, None)
         self._counts["chains_yielded"] += 1
         try:
@@ -482,14 +483,15 @@ class Replicator:
     def _index(self, criterion: bytes, state: ChainState) -> None:
         config = state.config
         if config is None:
-            if self._members.pop(criterion, None) is not None:
-                self._members_changes += 1
-            self._watch_moves.forget(criterion)
-        else:
-            keys = config.keys()
-            if self._members.get(criterion) != keys:
-                self._members[criterion] = keys
-                self._members_changes += 1
+            self._drop_members(criterion)
+        elif self._members.get(criterion) != config.keys():
+            self._members[criterion] = config.keys()
+            self._shared_cache = None
+
+    def _drop_members(self, criterion: bytes) -> None:
+        if self._members.pop(criterion, None) is not None:
+            self._shared_cache = None
+        self._watch_moves.forget(criterion)
 
     async def _save(self, replica: Replica) -> None:
         """Persist the replica's state now (the caller holds the chain's lock)."""
@@ -631,14 +633,13 @@ class Replicator:
         if item.genesis is not None and item.genesis in self._lost.get(criterion, ()):
             return AppendAck(criterion, "refused", 0, 0, None, 0, None, (),
                              "that chain lost to an older one of the same criterion")
-        own = await self.genesis(criterion)
-        rival = (item.genesis is not None and own is not None and own != item.genesis
-                 and not await self._one_group(criterion, item.configs))
+        rival = await self._is_rival(criterion, item.genesis, item.configs)
         if rival and not await self.settle_rival(criterion, item.genesis, peer.address):
             replica = await self.replica(criterion, create=True)
             assert replica is not None
             return AppendAck(criterion, "conflict", 0, 0, replica.head, replica.state.epoch,
-                             None, (), "another chain of this criterion", own)
+                             None, (), "another chain of this criterion",
+                             await self.genesis(criterion))
         async with self.chains.lock(criterion):
             replica = await self.replica(criterion, create=True)
             assert replica is not None
@@ -715,13 +716,10 @@ class Replicator:
             replica = await self.replica(criterion, create=item.proposed is not None)
             if replica is None:
                 return VoteResult(criterion, False, 0)
-            own = await self.genesis(criterion)
-            if (item.genesis is not None and own is not None and own != item.genesis
-                    and not await self._one_group(
-                        criterion, () if item.proposed is None else (item.proposed,))):
-                rival = item.genesis
+            if item.genesis is not None and await self._is_rival(
+                    criterion, item.genesis, () if item.proposed is None else (item.proposed,)):
                 if self._nursery is not None:
-                    self._spawn(self.settle_rival, criterion, rival, peer.address)
+                    self._spawn(self.settle_rival, criterion, item.genesis, peer.address)
                 return VoteResult(criterion, False, replica.term)
             creating = item.rank[1] < 0 and replica.config is None
             if creating and await self._exists_besides(criterion, item.proposed):
@@ -879,9 +877,7 @@ class Replicator:
         """Forget a replica made only for a creation that did not happen (nothing was stored)."""
         if fresh and self._replicas.get(criterion) is replica and replica.head is None:
             del self._replicas[criterion]
-            self._members.pop(criterion, None)
-            self._members_changes += 1
-            self._watch_moves.forget(criterion)
+            self._drop_members(criterion)
 
     async def _ask(self, replica: Replica, members: list[Member], item: VoteItem) -> None:
         """Ask ``members`` for votes; stop once the outcome is clear."""
@@ -1374,13 +1370,11 @@ class Replicator:
     def _shared(self) -> dict[bytes, list[bytes]]:
         """Per peer key, the chains this node shares with it (sorted). Worked out again
         only after a chain's members changed here."""
-        members = self._members
-        cached = self._shared_cache
-        if cached is not None and cached[0] is members and cached[1] == self._members_changes:
-            return cached[2]
+        if self._shared_cache is not None:
+            return self._shared_cache
         own = self.own().key
         out: dict[bytes, list[bytes]] = {}
-        for criterion, voters in members.items():
+        for criterion, voters in self._members.items():
             if own not in voters:
                 continue
             for key in voters:
@@ -1388,7 +1382,7 @@ class Replicator:
                     out.setdefault(key, []).append(criterion)
         for chains in out.values():
             chains.sort()
-        self._shared_cache = (members, self._members_changes, out)
+        self._shared_cache = out
         return out
 
     def _entry(self, criterion: bytes) -> tuple[bytes, int, int]:
