@@ -548,6 +548,22 @@ def test_acquaintances_name_the_recently_seen_nodes_nearest_to_a_key() -> None:
         (keys[3], "n:answered"), (keys[0], "n:stranger")])
 
 
+def test_made_up_keys_that_only_send_requests_never_push_out_nodes_that_answered() -> None:
+    from ketten._core.acquaintances import Acquaintances
+
+    known = Acquaintances(capacity=3)
+    answered = [Identity.from_seed(bytes([i]) * 32).public_key for i in range(3)]
+    for key in answered:
+        known.saw(key, "n:real", 1.0)
+    for i in range(50):  # a flood of fresh identities, each sending one request
+        known.saw(Identity.from_seed(bytes([100 + i]) * 32).public_key, "n:fake", 2.0,
+                  reached=False)
+    assert all(known.last_seen(key) == 1.0 for key in answered)
+    assert len(known) == 6
+    target = criterion_key("near")
+    assert {m.key for m in known.nearest(target, 10, since=0.0)} >= set(answered)
+
+
 def test_rate_limit_gives_a_burst_then_a_rate_per_key_and_forgets_the_oldest_key() -> None:
     from ketten._core.quota import RateLimit
 

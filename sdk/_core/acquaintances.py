@@ -16,7 +16,9 @@ the address it claims (the overlay admits it to its routing table the same
 way, and the brokers of a chain that all crash may never have answered this
 node: forgetting them would let it start a second chain); an answer moves an
 entry to the address that answered, and a claimed address never replaces
-one that answered.
+one that answered. Nodes known only by their requests are kept apart, with
+their own bound: a peer that makes up many keys can push out other claims,
+never the nodes that answered.
 """
 
 from __future__ import annotations
@@ -33,30 +35,37 @@ __all__ = ["Acquaintances"]
 
 @attrs.define(eq=False)
 class Acquaintances:
-    """When each node was last heard from, and where (bounded, most recent kept)."""
+    """When each node was last heard from, and where (bounded, most recent kept): up to
+    ``capacity`` nodes that answered and as many more known only by their requests."""
 
     capacity: int = 4096
-    _seen: OrderedDict[bytes, tuple[str, float, int]] = attrs.field(factory=OrderedDict,
-                                                                     init=False)
+    _answered: OrderedDict[bytes, tuple[str, float, int]] = attrs.field(factory=OrderedDict,
+                                                                         init=False)
+    _claimed: OrderedDict[bytes, tuple[str, float, int]] = attrs.field(factory=OrderedDict,
+                                                                        init=False)
 
     def saw(self, key: bytes, address: str, now: float, *, reached: bool = True) -> None:
         """``key`` sent an authenticated message at ``now``: an answer from ``address``
         (``reached``), or a request claiming ``address``, which is taken only for a node
         not known yet (never in place of an address that answered)."""
-        known = self._seen.get(key)
-        if known is not None:
-            node_id = known[2]
-            if not reached:
-                address = known[0]
-        else:
-            node_id = int.from_bytes(node_id_of(key), "big")
-        self._seen[key] = (address, now, node_id)
-        self._seen.move_to_end(key)
-        while len(self._seen) > self.capacity:
-            self._seen.popitem(last=False)
+        known = self._answered.get(key)
+        tier = self._answered
+        if known is None:
+            known = self._claimed.get(key)
+            if reached:
+                self._claimed.pop(key, None)
+            else:
+                tier = self._claimed
+        if known is not None and not reached:
+            address = known[0]
+        node_id = known[2] if known is not None else int.from_bytes(node_id_of(key), "big")
+        tier[key] = (address, now, node_id)
+        tier.move_to_end(key)
+        while len(tier) > self.capacity:
+            tier.popitem(last=False)
 
     def last_seen(self, key: bytes) -> float | None:
-        known = self._seen.get(key)
+        known = self._answered.get(key) or self._claimed.get(key)
         return None if known is None else known[1]
 
     def nearest(self, target: bytes, count: int, *, since: float) -> list[Member]:
@@ -64,13 +73,14 @@ class Acquaintances:
         ``target`` (XOR distance), nearest first."""
         goal = int.from_bytes(target, "big")
         recent = []
-        for key in reversed(self._seen):  # most recently seen first
-            address, when, node_id = self._seen[key]
-            if when < since:
-                break
-            recent.append((node_id ^ goal, key, address))
+        for tier in (self._answered, self._claimed):
+            for key in reversed(tier):  # most recently seen first
+                address, when, node_id = tier[key]
+                if when < since:
+                    break
+                recent.append((node_id ^ goal, key, address))
         recent.sort()
         return [Member(key, address) for _, key, address in recent[:count]]
 
     def __len__(self) -> int:
-        return len(self._seen)
+        return len(self._answered) + len(self._claimed)
