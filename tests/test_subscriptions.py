@@ -407,6 +407,12 @@ async def test_cursor_in_the_applications_transaction_commits_with_the_effect(
         await again.aclose()
         with pytest.raises(StoreCorrupted, match="ketten_cursors"):
             await node.durable_subscription("t", ["effects"], cursor_in=db)
+        db.execute("UPDATE ketten_cursors SET state = 'not bytes' WHERE name = 't'")
+        db.commit()
+        with pytest.raises(StoreCorrupted, match="holds str"):
+            await node.durable_subscription("t", ["effects"], cursor_in=db)
+        assert db.execute("SELECT state FROM ketten_cursors WHERE name = 't'").fetchone() == (
+            "not bytes",)  # reported, not overwritten
         db.close()
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import attrs
 
-from ..errors import StoreError, UsageError
+from ..errors import StoreCorrupted, StoreError, UsageError
 
 __all__ = ["ConnectionCursor"]
 
@@ -72,13 +72,20 @@ class ConnectionCursor:
         return cursor
 
     def load(self) -> bytes | None:
-        """The stored state, as the connection sees it."""
+        """The stored state, as the connection sees it (``None``: no row yet).
+
+        Raises :class:`~ketten.errors.StoreCorrupted` for a row whose state is not
+        bytes (it is never taken for a missing one and overwritten)."""
         rows = self._run(f"SELECT state FROM {TABLE} WHERE name = {{}}", (self._name,),
                          what="read the cursor", fetch=True)
         if not rows:
             return None
         state = rows[0][0]
-        return bytes(state) if isinstance(state, (bytes, bytearray, memoryview)) else None
+        if not isinstance(state, (bytes, bytearray, memoryview)):
+            raise StoreCorrupted(f"durable subscription {self._name!r}: row {self._name!r} of "
+                                 f"the application's {TABLE} holds {type(state).__name__}, "
+                                 "not bytes")
+        return bytes(state)
 
     def stage(self, state: bytes) -> None:
         """Write ``state`` inside the connection's current transaction (not committed)."""
