@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import trio
 import trio.testing
 
@@ -53,8 +54,10 @@ async def test_publishes_beyond_max_publishing_wait_their_turn(autojump_clock) -
         assert len(events) == 10 and publisher.waiting == 0
 
 
-async def test_two_calls_with_the_same_content_in_one_millisecond_are_two_events(
-        autojump_clock) -> None:
+@pytest.mark.parametrize("command", [None, 5])
+async def test_two_calls_with_the_same_content_in_one_millisecond(
+        autojump_clock, command: int | None) -> None:
+    """Two events, unless a command id makes them one."""
     frozen = {"replication": {"time": lambda: 1_000}}
     async with open_cluster(3, seed=6, options=frozen) as cluster:
         node = cluster[0]
@@ -62,32 +65,19 @@ async def test_two_calls_with_the_same_content_in_one_millisecond_are_two_events
         events = []
 
         async def one() -> None:
-            events.append(await node.publish("same", b"twice", deadline=10.0))
+            events.append(await node.publish("same", b"twice", command=command, deadline=10.0))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(one)
             nursery.start_soon(one)
-        assert events[0].hash != events[1].hash
         chain = await node.read("same")
-        assert {e.hash for e in events} <= {e.hash for e in chain}
-        assert len(chain) == 3
-
-
-async def test_the_same_command_twice_is_still_one_event(autojump_clock) -> None:
-    frozen = {"replication": {"time": lambda: 1_000}}
-    async with open_cluster(3, seed=7, options=frozen) as cluster:
-        node = cluster[0]
-        await node.publish("cmd", b"genesis")
-        events = []
-
-        async def one() -> None:
-            events.append(await node.publish("cmd", b"pay", command=5, deadline=10.0))
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(one)
-            nursery.start_soon(one)
-        assert events[0].hash == events[1].hash
-        assert len(await node.read("cmd")) == 2
+        if command is None:
+            assert events[0].hash != events[1].hash
+            assert {e.hash for e in events} <= {e.hash for e in chain}
+            assert len(chain) == 3
+        else:
+            assert events[0].hash == events[1].hash
+            assert len(chain) == 2
 
 
 def test_the_routing_table_version_changes_with_its_contacts() -> None:
