@@ -117,6 +117,34 @@ class ChainDelivery:
         """How many events are held back."""
         return self._held_count
 
+    def skip(self, criterion: bytes, seq: int) -> list[Event]:
+        """The application gives up the events of ``criterion`` before ``seq``.
+
+        Held events before ``seq`` are dropped; delivery goes on at ``seq``.
+        Returns the held run that now follows, in order (often none). A
+        ``seq`` at or before the next one to deliver changes nothing.
+        """
+        if self._criteria is not None and criterion not in self._criteria:
+            raise UsageError(f"criterion {criterion.hex()[:16]} is not one this queue delivers")
+        if seq <= self.next_seq(criterion):
+            return []
+        held = self._held.get(criterion)
+        if held:
+            for old in [s for s in held if s < seq]:
+                del held[old]
+                self._held_count -= 1
+        out: list[Event] = []
+        while held:
+            following = held.pop(seq, None)
+            if following is None:
+                break
+            out.append(following)
+            seq += 1
+        self._held_count -= len(out)
+        self._next[criterion] = seq
+        self._stats["delivered"] += len(out)
+        return out
+
     def next_seq(self, criterion: bytes) -> int:
         """The seq the application receives next from ``criterion``."""
         seq = self._next.get(criterion)

@@ -24,6 +24,7 @@ __all__ = [
     "ConfigError",
     "DecodeError",
     "DependencyUnavailable",
+    "EventsDropped",
     "HoldbackFull",
     "InternalError",
     "InvalidEvent",
@@ -191,6 +192,33 @@ class DependencyUnavailable(Unavailable):
             f"{held} events held back for more than {patience:g} s, waiting for seq {seq} of "
             f"criterion {criterion.hex()[:16]}, which its brokers did not provide"
         )
+
+
+class EventsDropped(KettenError):
+    """A push subscription with ``overflow="drop"`` skipped events the application was too slow for.
+
+    Seqs ``first`` to ``last`` (inclusive) of criterion ``criterion`` were
+    committed but never handed to the application: more events were waiting
+    for it than the subscription's ``buffer`` allows, and the oldest gave way.
+    The notice comes in stream order, after the events before the gap and
+    before those after it; iterating again goes on with the latter.
+    ``await node.read(criterion, since=first)`` returns the skipped events
+    (and the rest of the chain) to repair the gap.
+    """
+
+    def __init__(self, criterion: bytes, first: int, last: int) -> None:
+        self.criterion = criterion
+        self.first = first
+        self.last = last
+        super().__init__(
+            f"subscriber too slow: seqs {first}..{last} of criterion {criterion.hex()[:16]} were "
+            f"dropped (overflow='drop'); node.read(criterion, since={first}) returns them"
+        )
+
+    @property
+    def count(self) -> int:
+        """How many events were skipped."""
+        return self.last - self.first + 1
 
 
 class PeerUnreachable(Unavailable):

@@ -259,7 +259,12 @@ class Delivery(Protocol):
         A delivery that holds events may also offer ``blocked() -> list[tuple[bytes,
         int]]``: the positions ``(criterion, seq)`` they wait for, earliest first; a
         subscription names the first in :class:`~ketten.errors.DependencyUnavailable`
-        when nothing was delivered for its ``patience``."""
+        when nothing was delivered for its ``patience``.
+
+        A delivery that can give events up may offer ``skip(criterion, seq) ->
+        list[Event]``: events of ``criterion`` before ``seq`` will never be
+        offered; drop those held and return what now follows. Only such a
+        delivery serves a subscription with ``overflow="drop"``."""
         ...
 
 

@@ -88,6 +88,22 @@ def test_start_skips_what_was_already_delivered() -> None:
     assert delivery.next_seq(Y) == 0
 
 
+def test_skip_drops_what_is_held_before_it_and_releases_the_run_after() -> None:
+    events = chain(X, 10)
+    delivery = ChainDelivery()
+    assert offer_all(delivery, [events[0], events[2], events[5], events[6], events[8]]) == \
+        [events[0]]
+    assert delivery.pending() == 4
+    assert delivery.skip(X, 5) == events[5:7]
+    assert delivery.pending() == 1 and delivery.next_seq(X) == 7
+    assert delivery.skip(X, 3) == []  # behind the next seq: nothing changes
+    assert delivery.offer(events[4]) == []  # given up: never delivered
+    assert offer_all(delivery, events[7:]) == events[7:]
+    assert delivery.skip(Y, 4) == [] and delivery.next_seq(Y) == 4
+    with pytest.raises(UsageError):
+        ChainDelivery(criteria=frozenset([X])).skip(Y, 1)
+
+
 def test_other_criteria_are_refused_when_restricted() -> None:
     delivery = make_chain_delivery({"criteria": [X]})
     with pytest.raises(UsageError, match="not one this queue delivers"):

@@ -17,8 +17,10 @@ from ketten import Event, Node, criterion_key
 from ketten._core.leases import CursorState, Lease, LeaseTable, confirmed_seq
 from ketten.adapters.memory import Faults, MemoryNetwork
 from ketten.errors import (
+    ConfigError,
     DecodeError,
     DependencyUnavailable,
+    EventsDropped,
     KettenError,
     StoreCorrupted,
     UsageError,
@@ -442,6 +444,62 @@ async def test_a_subscriber_reads_no_further_ahead_than_its_buffer(plugins, auto
             stats = sub.statistics()
         assert [e.hash for e in got] == [e.hash for e in published]
         assert 1 <= stats.peak_buffered <= 40 and stats.delivered == 300
+
+
+async def test_a_slow_subscriber_that_drops_is_told_exactly_what_it_missed(
+        plugins, autojump_clock) -> None:
+    async with sub_cluster(plugins, 4, subscriptions={"ttl": 9.0, "buffer": 8}) as c:
+        key, index = await published(c, "fast", 60)
+        node = c.nodes[index]
+        delivered: list[Event] = []
+        gaps: list[EventsDropped] = []
+        stream: list[tuple[int, int]] = []  # (first, last) of each event or gap, in order
+
+        async def take(count: int) -> None:
+            while len(delivered) < count:
+                try:
+                    event = await sub.__anext__()
+                except EventsDropped as gap:
+                    gaps.append(gap)
+                    stream.append((gap.first, gap.last))
+                    continue
+                delivered.append(event)
+                stream.append((event.seq, event.seq))
+                assert sub.statistics().buffered <= 8
+
+        async with node.subscribe("fast", overflow="drop") as sub:
+            await take(3)
+            # The application stalls while 40 more events commit.
+            for n in range(60, 100):
+                await publish(c.nodes[0], key, b"%d" % n, n)
+            await trio.sleep(25.0)
+            await take(len(delivered) + 10)
+            stats = sub.statistics()
+
+        # The stream covers the chain once, in order: events and gaps, nothing twice.
+        covered = [seq for first, last in stream for seq in range(first, last + 1)]
+        assert covered == list(range(len(covered))) and len(covered) >= 60
+        assert len(gaps) >= 2 and all(g.criterion == key for g in gaps)
+        assert stats.dropped == sum(g.count for g in gaps)
+        assert stats.peak_buffered <= 9  # the buffer plus the notice in front of it
+        # Each gap is repaired by reading: the chain's own events at those seqs.
+        chain = await node.read("fast")
+        assert [e.payload for e in delivered] == [chain[e.seq].payload for e in delivered]
+        for gap in gaps:
+            repaired = await node.read("fast", since=gap.first)
+            assert [e.seq for e in repaired[:gap.count]] == list(range(gap.first, gap.last + 1))
+            assert "node.read(criterion, since=" in str(gap)
+
+
+async def test_overflow_policy_is_checked_when_subscribing(plugins, autojump_clock) -> None:
+    async with sub_cluster(plugins, 3, clock="vector") as c:
+        node = c.nodes[0]
+        with pytest.raises(UsageError, match="overflow must be"):
+            async with node.subscribe("a", overflow="discard"):
+                pass
+        with pytest.raises(ConfigError, match="cannot skip"):
+            async with node.subscribe(["a", "b"], delivery="causal", overflow="drop"):
+                pass
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -133,3 +133,68 @@ def test_the_checker_sees_a_causal_inversion() -> None:
 async def test_live_causal_delivery_of_20_authors_under_delays_and_loss(
         plugins, autojump_clock, seed: int) -> None:
     await scenario(plugins, seed)
+
+
+# Seed 001's run: two authors, their sends interleaved in this order.
+SEED_001_SENDS = ["1.1", "2.1", "1.2", "2.2", "2.3", "1.3", "1.4", "1.5", "2.4", "2.5"]
+
+
+def disjoint_pair(c: Cluster) -> tuple[str, str, int]:
+    """Two criteria whose replica sets share no node, and a node outside both."""
+    for n in range(200):
+        one, two = f"cbcast1-{n}", f"cbcast2-{n}"
+        first, second = c.brokers(criterion_key(one)), c.brokers(criterion_key(two))
+        rest = [i for i in sorted(c.nodes) if i not in first + second]
+        if not set(first) & set(second) and rest:
+            return one, two, rest[-1]
+    raise AssertionError("no two disjoint replica sets")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+async def test_seed_001_shuffled_buffer_still_delivers_in_causal_order(
+        plugins, autojump_clock, seed: int) -> None:
+    """Seed 001's scenario through the live API: two authors send interleaved, each having
+    seen everything sent before (so the sends are one causal chain); the third reads them
+    with the order scrambled: random delays and reordering, and the first author's chain
+    out of its reach while the second's arrives. Nothing may come before its cause."""
+    faults = Faults(latency=0.01, jitter=0.3, reorder=0.3, reorder_window=0.5)
+    net = MemoryNetwork(seed=seed, faults=faults)
+    async with trio.open_nursery() as nursery:
+        c = Cluster(nursery, plugins, net, seed=seed)
+        for index in range(9):
+            await c.start(index, clock="vector")
+        await trio.sleep(2.0)
+        one, two, reader_index = disjoint_pair(c)
+        names = {"1": one, "2": two}
+        writers = {"1": c.nodes[c.brokers(criterion_key(two))[0]],
+                   "2": c.nodes[c.brokers(criterion_key(one))[0]]}
+        sent: dict[bytes, str] = {}
+        for label in SEED_001_SENDS:
+            author, other = label[0], "2" if label[0] == "1" else "1"
+            # CBCAST delivers every message to every member: each send follows all before it.
+            await writers[author].read(names[other], deadline=30.0)
+            event = await publish(writers[author], names[author], label.encode(), len(sent))
+            sent[event.hash] = label
+
+        reader = c.nodes[reader_index]
+        cut_off = [c.addresses[i] for i in c.brokers(criterion_key(one))]
+        net.cut([c.addresses[reader_index]], cut_off)
+        delivered: list[Event] = []
+        async with reader.subscribe([one, two], delivery="causal") as sub:
+            with trio.move_on_after(20.0):
+                async for event in sub:
+                    delivered.append(event)
+            # Every one of the second author's events depends on 1.1, which is out of reach.
+            assert delivered == []
+            assert sub.statistics().delivery.held > 0
+            net.heal()
+            with trio.fail_after(120):
+                async for event in sub:
+                    delivered.append(event)
+                    if len(delivered) == len(SEED_001_SENDS):
+                        break
+        nursery.cancel_scope.cancel()
+
+    check_causal_order(delivered)
+    # The sends form one causal chain, so causal order leaves exactly one order.
+    assert [sent[e.hash] for e in delivered] == SEED_001_SENDS

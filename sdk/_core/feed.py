@@ -75,6 +75,11 @@ class FeedState:
         if seq + 1 > self._next[key]:
             self._next[key] = seq + 1
 
+    def skip_to(self, key: bytes, seq: int) -> None:
+        """Events of ``key`` before ``seq`` are given up: never offered."""
+        if seq > self._next[key]:
+            self._next[key] = seq
+
     def look(self, key: bytes | None = None) -> None:
         """Look at ``key`` (default: every criterion) on the next pass."""
         if key is None:

@@ -48,6 +48,7 @@ from ..errors import (
     ConfigError,
     DecodeError,
     DependencyUnavailable,
+    EventsDropped,
     HoldbackFull,
     InternalError,
     InvalidEvent,
@@ -151,6 +152,8 @@ class SubscriptionStatistics:
     ``buffered``: events read and waiting for the application now;
     ``peak_buffered``: the most that ever waited (at most the ``buffer`` option,
     plus what one offer releases from the delivery plugin's holdback);
+    ``dropped``: events skipped because the application was too slow
+    (``overflow="drop"`` only);
     ``delivery``: the plugin's own statistics.
     """
 
@@ -164,6 +167,7 @@ class SubscriptionStatistics:
     holdback_full: int
     buffered: int
     peak_buffered: int
+    dropped: int
     delivery: Any
 
 
@@ -499,7 +503,9 @@ class Feed:
     _state: FeedState = attrs.field(init=False)
     _send: trio.MemorySendChannel[_Note] = attrs.field(init=False)
     _recv: trio.MemoryReceiveChannel[_Note] = attrs.field(init=False)
-    _ready: deque[Event] = attrs.field(factory=deque, init=False)
+    _ready: deque[Event | EventsDropped] = attrs.field(factory=deque, init=False)
+    _drop: bool = attrs.field(default=False, init=False)
+    """Skip the oldest waiting events when more wait than the buffer holds."""
     _blocked: HoldbackFull | None = attrs.field(default=None, init=False)
     _asked: float = attrs.field(default=float("-inf"), init=False)
     """When this feed last asked every broker for commits before releasing events."""
@@ -513,7 +519,7 @@ class Feed:
         self._causal = callable(getattr(self.delivery, "note_head", None)) and len(self.keys) > 1
         self._counts = dict.fromkeys(
             ("notified", "stored", "gaps", "sync_failures", "head_checks", "invalid",
-             "delivered", "holdback_full", "peak_buffered"), 0)
+             "delivered", "holdback_full", "peak_buffered", "dropped"), 0)
 
     def statistics(self) -> SubscriptionStatistics:
         stats = getattr(self.delivery, "statistics", None)
@@ -527,10 +533,27 @@ class Feed:
             # Nothing is lost: every criterion is looked at again on the next pass.
             self._state.look()
 
+    def drop_when_slow(self) -> None:
+        """Overflow policy "drop": when more committed events wait for the application
+        than the ``buffer`` holds, the oldest are skipped and the application gets an
+        :class:`~ketten.errors.EventsDropped` notice in their place.
+
+        Raises :class:`~ketten.errors.ConfigError` if the delivery plugin cannot skip."""
+        if not callable(getattr(self.delivery, "skip", None)):
+            raise ConfigError(
+                f"overflow='drop' needs a delivery that can skip events; "
+                f"{type(self.delivery).__name__} has no skip() (a causal order cannot "
+                f"skip events: use overflow='block')")
+        self._drop = True
+
     def pop(self) -> Event:
-        event = self._ready.popleft()
+        """The next event; raises the :class:`~ketten.errors.EventsDropped` notice
+        that stands in its place in the stream."""
+        item = self._ready.popleft()
+        if isinstance(item, EventsDropped):
+            raise item
         self._counts["delivered"] += 1
-        return event
+        return item
 
     def push_back(self, event: Event) -> None:
         self._ready.appendleft(event)
@@ -764,6 +787,8 @@ class Feed:
             # The application takes events at its own pace: read no further ahead
             # of it than the buffer; the rest is offered on a later pass.
             room = self.feeds.buffer - len(self._ready)
+            if self._drop and 0 < room < confirmed - nxt + 1:
+                nxt = self._skip(key, nxt, confirmed - room + 1)
             stop = min(confirmed, nxt + room - 1, confirmed if limit is None else limit)
             if stop < confirmed:
                 self._state.look(key)
@@ -781,6 +806,17 @@ class Feed:
             out.extend(self.delivery.note_head(key, None if confirmed < 0 else confirmed))
         self._emit(out)
         return False
+
+    def _skip(self, key: bytes, first: int, seq: int) -> int:
+        """Give up seqs ``first`` to ``seq - 1`` of ``key``; the next seq to offer."""
+        released = self.delivery.skip(key, seq)
+        self._state.skip_to(key, seq)
+        self._counts["dropped"] += seq - first
+        self._ready.append(EventsDropped(key, first, seq - 1))
+        self._emit(released)
+        for event in released:
+            self._state.offered(key, event.seq)
+        return self._state.next_seq(key)
 
     async def _offer_range(self, key: bytes, start: int, stop: int) -> list[Event]:
         out: list[Event] = []
@@ -835,7 +871,9 @@ class Subscription:
         delivery plugin's queue is full and nothing can be delivered, and
         :class:`~ketten.errors.DependencyUnavailable` when held events waited
         ``patience`` seconds for one that could not be had (iterating again
-        keeps waiting; nothing is delivered out of order)."""
+        keeps waiting; nothing is delivered out of order), and, with
+        ``overflow="drop"``, :class:`~ketten.errors.EventsDropped` where events
+        were skipped (iterating again goes on after them)."""
         await self._feed.fill()
         return self._feed.pop()
 
@@ -872,12 +910,17 @@ async def open_subscription(
     feeds: Feeds, nursery: trio.Nursery, make_feed: MakeFeed, criteria: Any, *,
     delivery: str | None, start: int | str | Mapping[Any, int],
     options: Mapping[str, Any] | None, head: Callable[[bytes], Awaitable[Pos | None]],
+    overflow: str = "block",
 ) -> AsyncIterator[Subscription]:
     """See :meth:`ketten.Node.subscribe`."""
+    if overflow not in ("block", "drop"):
+        raise UsageError(f"overflow must be 'block' or 'drop', not {overflow!r}")
     keys = parse_criteria(criteria)
     positions = await start_positions(keys, start, head)
     sid = feeds.rng.randbytes(SID_SIZE)
     feed = make_feed(keys, sid, delivery, positions, options)
+    if overflow == "drop":
+        feed.drop_when_slow()
     feeds.attach(feed)
     scope: trio.CancelScope | None = None
     try:

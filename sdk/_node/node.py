@@ -618,6 +618,7 @@ class Node:
         delivery: str | None = None,
         start: int | str | Mapping[str | bytes, int] = 0,
         options: Mapping[str, Any] | None = None,
+        overflow: str = "block",
     ) -> AbstractAsyncContextManager[Subscription]:
         """Push subscription: ``async with node.subscribe(c) as sub: async for event in sub:``.
 
@@ -634,16 +635,27 @@ class Node:
         ``"head"`` (only events committed after subscribing). Leaving the
         block drops the leases.
 
-        Raises :class:`~ketten.errors.UsageError` for bad criteria or start,
-        :class:`~ketten.errors.PluginNotFound` / :class:`~ketten.errors.ConfigError`
-        for the delivery plugin, :class:`~ketten.errors.QuorumUnavailable`
-        (``start="head"`` only) when no leader could be reached; iterating
-        raises :class:`~ketten.errors.HoldbackFull` when the delivery
-        plugin's queue is at its bound and nothing can be delivered.
+        A slow application never makes the subscription hold more than the
+        ``buffer`` option of ``subscriptions`` in memory; ``overflow`` says
+        what happens to the rest. ``"block"`` (default): nothing is lost, the
+        subscription reads on as the application takes events. ``"drop"``:
+        when more committed events wait than the buffer holds, the oldest are
+        skipped, and iterating raises :class:`~ketten.errors.EventsDropped`
+        in their place (naming the criterion and seqs; iterating again goes
+        on). Needs a delivery that can skip (``"chain"``; not ``"causal"``).
+
+        Raises :class:`~ketten.errors.UsageError` for bad criteria, start or
+        overflow, :class:`~ketten.errors.PluginNotFound` / :class:`~ketten.errors.ConfigError`
+        for the delivery plugin (or one that cannot skip, with ``"drop"``),
+        :class:`~ketten.errors.QuorumUnavailable` (``start="head"`` only) when
+        no leader could be reached; iterating raises
+        :class:`~ketten.errors.HoldbackFull` when the delivery plugin's queue
+        is at its bound and nothing can be delivered, and
+        :class:`~ketten.errors.EventsDropped` (``overflow="drop"`` only).
         """
         return open_subscription(self._feeds, self.nursery, self._make_feed, criteria,
                                  delivery=delivery, start=start, options=options,
-                                 head=self._synced_head)
+                                 head=self._synced_head, overflow=overflow)
 
     async def durable_subscription(
         self,
