@@ -455,6 +455,51 @@ def test_an_outbox_batches_oldest_first_and_backs_off_a_failing_peer() -> None:
     assert outbox.take() == [b"c", b"a"] and outbox.take() == [b"b"] and not outbox
 
 
+def test_a_commit_mark_waits_for_company_but_never_longer_than_its_delay() -> None:
+    from ketten._core.outbox import Outbox
+
+    outbox = Outbox(MEMBERS[1], max_batch=8, lazy_delay=0.5)
+    outbox.owe(b"a", lazy=True, now=10.0)
+    outbox.owe(b"b", lazy=True, now=10.2)
+    assert outbox and len(outbox) == 2
+    assert outbox.delay(0.5, now=10.1) == pytest.approx(0.4)  # the oldest mark's deadline
+    assert outbox.delay(0.5, now=11.0) == 0.0
+    outbox.owe(b"c", now=10.3)  # events are owed: go now, the marks ride along
+    assert outbox.delay(0.5, now=10.3) == 0.0
+    assert outbox.take() == [b"c", b"a", b"b"] and not outbox
+    outbox.owe(b"a", lazy=True, now=12.0)
+    outbox.owe(b"a", now=12.1)  # owed more than a mark now: no waiting
+    assert outbox.delay(0.5, now=12.1) == 0.0 and outbox.take() == [b"a"]
+    outbox.owe(b"a", now=13.0)
+    outbox.owe(b"a", lazy=True, now=13.1)  # a mark never makes owed events wait
+    assert outbox.delay(0.5, now=13.1) == 0.0
+    eager = Outbox(MEMBERS[1], max_batch=8)  # lazy_delay 0: marks go at once
+    eager.owe(b"a", lazy=True, now=1.0)
+    assert eager.delay(0.5, now=1.0) == 0.0 and eager.take() == [b"a"]
+
+
+def test_digests_with_a_peer_in_step_slow_down_until_something_changes() -> None:
+    from ketten._core.pacing import DigestPacing
+
+    pacing = DigestPacing(max_level=3)
+    peer, other = b"p" * 32, b"q" * 32
+    due_rounds = []
+    for round_ in range(1, 40):
+        if pacing.due(peer, round_, activity=7):
+            due_rounds.append(round_)
+            pacing.in_step(peer, round_, activity=7)
+    # Every round, then every 2nd, 4th and at most every 8th.
+    assert due_rounds[:5] == [1, 2, 4, 8, 16] and due_rounds[5:] == [24, 32]
+    assert pacing.due(peer, 33, activity=8)  # something changed here: at once
+    pacing.in_step(peer, 33, activity=8)
+    assert pacing.due(peer, 34, activity=8)  # and every round again for a start
+    pacing.out_of_step(peer)  # a difference or a failure
+    assert pacing.due(peer, 34, activity=8) and pacing.due(other, 1, activity=0)
+    pacing.in_step(other, 1, activity=0)
+    pacing.keep_only([peer])
+    assert len(pacing) == 0 or all(k == peer for k in pacing._peers)
+
+
 @given(st.lists(st.tuples(st.booleans(), st.floats(0, 5)), max_size=40))
 def test_a_move_is_due_only_after_a_full_period_of_mismatch(steps: list[tuple[bool, float]]) -> None:
     from ketten._core.watch import MoveWatch

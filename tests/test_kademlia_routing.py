@@ -63,6 +63,21 @@ def test_own_id_is_refused() -> None:
     assert len(table) == 0
 
 
+def test_only_siblings_not_heard_from_lately_need_a_ping() -> None:
+    me = contact(1)
+    table = RoutingTable(me.id)
+    others = [contact(n) for n in range(2, 8)]
+    for n, c in enumerate(others):
+        table.observe(c, float(n))
+    siblings = table.siblings()
+    assert table.unheard_siblings(0.0) == []
+    assert table.unheard_siblings(100.0) == siblings
+    table.observe(siblings[0], 50.0)  # it spoke up (say, pinged us) since
+    assert table.unheard_siblings(10.0) == [c for c in siblings if c != siblings[0]]
+    assert table.unheard_siblings(3.0) == [c for c in siblings
+                                           if c != siblings[0] and others.index(c) < 3]
+
+
 class TableMachine(RuleBasedStateMachine):
     """The table against a model: the set of contacts observed and not removed."""
 

@@ -557,12 +557,15 @@ async def test_subscribers_miss_nothing_while_brokers_crash_return_and_are_repla
                     nursery.start_soon(pull, sub)
         assert newcomer in c.brokers(key) and old[1] not in c.brokers(key)
         chain = [e.hash for e in published]
-        # The replica set did move: the newcomer became a broker of the chain.
+        # The replica set did move: the newcomer became a broker of the chain (it holds
+        # the chain first as a learner, then a configuration makes it a voter).
+        def voter() -> bool:
+            replica = c.nodes[newcomer]._replicator.loaded(key)
+            return replica is not None and replica.is_voter()
+
         with trio.fail_after(120):
-            while [e.hash for e in await c.chain(newcomer, key)] != chain:
+            while [e.hash for e in await c.chain(newcomer, key)] != chain or not voter():
                 await trio.sleep(1.0)
-        replica = c.nodes[newcomer]._replicator.loaded(key)
-        assert replica is not None and replica.is_voter()
         assert [e.hash for e in live] == chain
         assert [e.hash for e in durable] == chain
         assert sub.delivered == total

@@ -31,8 +31,10 @@ Options (``NodeConfig.options["overlay"]``):
 Under loss the table does not flap: requests are retransmitted on lossy
 transports, a contact is dropped only after ``stale_after`` failures in a row
 and replaced from its bucket's replacement cache. Every ``ping_interval``
-the siblings (the nodes closest to this one, which hold the same chains) are
-pinged, so dead neighbours leave and chains move off them; a node whose
+the siblings (the nodes closest to this one, which hold the same chains) not
+heard from for most of that period are pinged (siblings ping each other, so
+each pair needs about one ping per period), so dead neighbours leave and
+chains move off them; a node whose
 table has fallen below ``k`` contacts joins again through its bootstrap
 addresses and every peer it has known.
 """
@@ -234,8 +236,10 @@ class KademliaOverlay:
                     await self._refresh()
 
     async def _ping_siblings(self) -> None:
+        # Siblings ping each other: one that pinged us within the period is alive.
+        since = trio.current_time() - 0.75 * self.options.ping_interval
         async with trio.open_nursery() as nursery:
-            for contact in self._table.siblings():
+            for contact in self._table.unheard_siblings(since):
                 nursery.start_soon(self._ping, contact.peer.address, contact)
 
     async def closest(self, key: bytes, count: int) -> list[Peer]:

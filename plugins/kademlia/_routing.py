@@ -128,6 +128,13 @@ class RoutingTable:
         """The known nodes closest to the own id, nearest first."""
         return [self._entries[node_id].contact for _, node_id in self._siblings]
 
+    def unheard_siblings(self, since: float) -> list[Contact]:
+        """The siblings no message came from at or after ``since``, nearest first
+        (a sibling that spoke up recently needs no liveness ping)."""
+        entries = self._entries
+        return [entries[node_id].contact for _, node_id in self._siblings
+                if entries[node_id].last_seen < since]
+
     def closest(self, target: int, count: int, exclude: int | None = None) -> list[Contact]:
         """The ``count`` known contacts closest to ``target``, nearest first."""
         if count <= 0:

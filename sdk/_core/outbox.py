@@ -5,6 +5,12 @@ peer failed or refused.
 All the chains a node leads that share a peer travel in one request to it;
 a peer that fails (or refuses everything) is retried later and later, so a
 dead peer costs one request per backoff period, not one per chain.
+
+A debt is *lazy* when it is only a commit mark: the peer holds the events
+and loses nothing by learning of their commit a little later. A lazy debt
+waits up to ``lazy_delay`` for the next request the peer is owed anyway and
+rides along (as Raft carries its commit index on the next append), so one
+publish costs one request per follower instead of two.
 """
 
 from __future__ import annotations
@@ -26,35 +32,52 @@ class Outbox:
     max_batch: int
     base_delay: float = 0.05
     max_delay: float = 1.0
+    lazy_delay: float = 0.0
     _owed: OrderedDict[bytes, None] = attrs.field(factory=OrderedDict)
+    _lazy: OrderedDict[bytes, float] = attrs.field(factory=OrderedDict)
+    """Chains owed only a commit mark, with when that was first owed."""
     _failures: int = 0
 
     @property
     def failures(self) -> int:
         return self._failures
 
-    def owe(self, criterion: bytes) -> None:
-        """``criterion`` has something for the peer (again)."""
-        self._owed[criterion] = None
+    def owe(self, criterion: bytes, *, lazy: bool = False, now: float = 0.0) -> None:
+        """``criterion`` has something for the peer (again); ``lazy``: only a commit
+        mark, which may wait ``lazy_delay`` (from ``now``) for other company."""
+        if criterion in self._owed:
+            return
+        if lazy and self.lazy_delay > 0:
+            self._lazy.setdefault(criterion, now)
+        else:
+            self._lazy.pop(criterion, None)
+            self._owed[criterion] = None
 
     def __bool__(self) -> bool:
-        return bool(self._owed)
+        return bool(self._owed) or bool(self._lazy)
 
     def __len__(self) -> int:
-        return len(self._owed)
+        return len(self._owed) + len(self._lazy)
 
-    def delay(self, draw: float) -> float:
+    def delay(self, draw: float, now: float = 0.0) -> float:
         """How long to wait before the next request (``draw`` uniform in [0, 1))."""
-        if not self._failures:
+        if self._failures:
+            backoff: float = self.base_delay * 2.0 ** min(self._failures, 8)
+            return min(self.max_delay, backoff) * (0.5 + draw)
+        if self._owed or not self._lazy:
             return 0.0
-        backoff: float = self.base_delay * 2.0 ** min(self._failures, 8)
-        return min(self.max_delay, backoff) * (0.5 + draw)
+        oldest = next(iter(self._lazy.values()))
+        return max(0.0, oldest + self.lazy_delay - now)
 
     def take(self) -> list[bytes]:
-        """The chains for the next request (at most ``max_batch``, oldest first)."""
+        """The chains for the next request (at most ``max_batch``, oldest first, those
+        owed more than a commit mark before those owed only one)."""
         chosen: list[bytes] = []
         while self._owed and len(chosen) < self.max_batch:
             criterion, _ = self._owed.popitem(last=False)
+            chosen.append(criterion)
+        while self._lazy and len(chosen) < self.max_batch:
+            criterion, _ = self._lazy.popitem(last=False)
             chosen.append(criterion)
         return chosen
 

@@ -551,6 +551,17 @@ class Replica:
         return AppendPlan(member, prev, first, last, self.state.term, self.start, commit,
                           configs, self.round)
 
+    def urgent(self, member: bytes) -> bool:
+        """Does the leader owe ``member`` more than a commit mark (events, a catch-up,
+        a configuration or a round), which must not wait for company?"""
+        p = self.progress.get(member)
+        if self.role is not Role.LEADER or p is None:
+            return False
+        if not p.synced:
+            return True
+        head_seq = -1 if self.head is None else self.head[0]
+        return p.match < head_seq or p.epoch < self.state.epoch or p.acked_round < self.round
+
     def sent(self, plan: AppendPlan) -> None:
         p = self.progress.get(plan.member)
         if p is not None:

@@ -134,6 +134,11 @@ class ReplicaSets:
         return await self._locates.call(self.address(member), criterion)
 
     @property
+    def hedge(self) -> float:
+        """Seconds to wait for the nearest node's answer before asking the others too."""
+        return min(0.25, self.timeout / 8)
+
+    @property
     def lookups(self) -> int:
         """Network lookups made (misses of the cache the routing table could not answer)."""
         return self._lookups
@@ -203,6 +208,12 @@ class ReplicaSets:
             if found:
                 return str(found)
         return member.address
+
+    def routing_version(self) -> int | None:
+        """The overlay's routing-table version (``None``: it keeps none, so
+        :meth:`desired` may change at any time)."""
+        version = getattr(self.overlay, "version", None)
+        return version if isinstance(version, int) else None
 
     def desired(self, criterion: bytes) -> list[Member]:
         """The ``r`` members the overlay's routing table names for ``criterion`` now.
@@ -292,21 +303,32 @@ class ReplicaSets:
         moments of a node's life. A route is only a hint (every broker checks
         offers against its own configuration), so one node that knows the
         chain is enough; a new chain is never started on this answer alone.
+        The nearest is asked first; the others only if it knows nothing, or
+        has not answered within :meth:`hedge` seconds (a hedged request).
         """
         own = self.own().key
         near = [m for m in self.desired(criterion) if m.key != own]
         if not near:
             return None
         found: list[Route] = []
+        first_done = trio.Event()
 
-        async def ask(member: Member) -> None:
+        async def ask(member: Member, done: trio.Event | None = None) -> None:
             answer = await self.locate(member, criterion)
             if answer is not None and answer[0] is not None:
                 found.append(answer[0])
+            if done is not None:
+                done.set()
 
         async with trio.open_nursery() as nursery:
-            for member in near:
-                nursery.start_soon(ask, member)
+            nursery.start_soon(ask, near[0], first_done)
+            with trio.move_on_after(self.hedge):
+                await first_done.wait()
+            if found:
+                nursery.cancel_scope.cancel()
+            else:
+                for member in near[1:]:
+                    nursery.start_soon(ask, member)
         if not found:
             return None
         self._near_asks += 1

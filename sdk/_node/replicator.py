@@ -46,6 +46,7 @@ from .._core.messages import (
     VoteResult,
 )
 from .._core.outbox import Outbox
+from .._core.pacing import DigestPacing
 from .._core.reconfig import Change, Reconfiguration
 from .._core.replica import (
     AckStatus,
@@ -76,6 +77,8 @@ _KNOWN_CURSOR = "ketten/known"
 _LOST_CURSOR = "ketten/yielded"
 """Chains this node gave up (criterion and genesis, 64 bytes each): it refuses them."""
 _BUCKETS = 16
+_FULL_ROUNDS = 8
+"""Every this many background rounds look at every chain, changed or not."""
 
 
 def _positive(options: Mapping[str, Any], name: str, default: float,
@@ -84,6 +87,14 @@ def _positive(options: Mapping[str, Any], name: str, default: float,
     if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
         raise ConfigError(f"replication option {name!r} must be a positive number of {unit}, "
                           f"got {value!r}")
+    return float(value)
+
+
+def _at_least_zero(options: Mapping[str, Any], name: str, default: float) -> float:
+    value = options.get(name, default)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value < 1e9:
+        raise ConfigError(f"replication option {name!r} must be a number of seconds of at "
+                          f"least 0, got {value!r}")
     return float(value)
 
 
@@ -108,6 +119,9 @@ class ReplicationOptions:
     """How long a follower waits after the leader fell silent before it votes for another."""
     commit_flush: float = 1.0
     """How often commit marks are written."""
+    commit_notice: float = 0.5
+    """How long a leader may hold back telling a follower of a commit, waiting for the
+    next append to it to carry the news (0: tell at once, one more request each)."""
     catch_up_limit: float = 120.0
     """How long new members may take to catch up before a move is tried again."""
     creation_memory: float = 600.0
@@ -135,6 +149,7 @@ class ReplicationOptions:
     time: Callable[[], int] | None = None
 
     KNOWN = frozenset({"anti_entropy", "hysteresis", "election_timeout", "commit_flush",
+                       "commit_notice",
                        "catch_up_limit", "creation_memory", "allow_recovery",
                        "creations_per_second", "creation_burst", "author_bytes_per_second",
                        "author_bytes_burst", "max_publishing", "time"})
@@ -158,6 +173,7 @@ class ReplicationOptions:
             hysteresis=_positive(options, "hysteresis", 30.0),
             election_timeout=_positive(options, "election_timeout", request_timeout),
             commit_flush=_positive(options, "commit_flush", 1.0),
+            commit_notice=_at_least_zero(options, "commit_notice", 0.5),
             catch_up_limit=_positive(options, "catch_up_limit", 120.0),
             creation_memory=_positive(options, "creation_memory", 600.0),
             creations_per_second=_positive(options, "creations_per_second", 64.0, "chains"),
@@ -190,6 +206,9 @@ class ReplicationStatistics:
     events_orphaned: int
     reconfigurations: int
     anti_entropy_rounds: int
+    full_rounds: int
+    """Background rounds that looked at every chain (the others looked only at
+    chains being moved: nothing had changed)."""
     digests_sent: int
     peer_failures: int
     chains_yielded: int
@@ -216,6 +235,8 @@ class Replicator:
     _changed: dict[bytes, trio.Event] = attrs.field(factory=dict, init=False)
     _outboxes: dict[bytes, Outbox] = attrs.field(factory=dict, init=False)
     _sending: set[bytes] = attrs.field(factory=set, init=False)
+    _wakes: dict[bytes, trio.Event] = attrs.field(factory=dict, init=False)
+    """Per peer whose sender waits with only commit marks owed: set when more is owed."""
     _campaigns: dict[bytes, trio.Event] = attrs.field(factory=dict, init=False)
     _creations: dict[bytes, trio.Event] = attrs.field(factory=dict, init=False)
     _dirty_states: dict[bytes, None] = attrs.field(factory=dict, init=False)
@@ -224,6 +245,17 @@ class Replicator:
     _shared_cache: dict[bytes, list[bytes]] | None = attrs.field(default=None, init=False)
     """Per peer, the chains shared with it (see :meth:`_shared`); ``None`` after a change."""
     _entry_hashes: dict[bytes, tuple[int, int, int]] = attrs.field(factory=dict, init=False)
+    _activity: int = attrs.field(default=0, init=False)
+    """Bumped by every change a background round looks at (see :meth:`maintain`)."""
+    _round_seen: tuple[int | None, int] | None = attrs.field(default=None, init=False)
+    """The routing table's version and :attr:`_activity` when the last round began."""
+    _rounds: int = attrs.field(default=0, init=False)
+    _unsettled: set[bytes] = attrs.field(factory=set, init=False)
+    """Chains the last full round found unsettled: a move watched or under way."""
+    _bucket_cache: dict[bytes, tuple[int, list[bytes], tuple[bytes, ...]]] = attrs.field(
+        factory=dict, init=False)
+    _pacing: DigestPacing = attrs.field(factory=DigestPacing, init=False)
+    """Per peer: the digest buckets of the chains shared with it, as of :attr:`_activity`."""
     _watch_moves: MoveWatch = attrs.field(init=False)
     _committed: list[Callable[[bytes, Pos], None]] = attrs.field(factory=list, init=False)
     _learner_members: dict[bytes, Member] = attrs.field(factory=dict, init=False)
@@ -241,7 +273,7 @@ class Replicator:
         self._counts = dict.fromkeys(
             ("elections_won", "elections_lost", "appends_sent", "append_requests",
              "events_synced", "forks_resolved", "reconfigurations", "anti_entropy_rounds",
-             "digests_sent", "peer_failures", "chains_yielded", "recoveries"), 0)
+             "full_rounds", "digests_sent", "peer_failures", "chains_yielded", "recoveries"), 0)
         self.rpc.serve(Append, self._serve_append)
         self.rpc.serve(Vote, self._serve_vote)
         self.rpc.serve(Digest, self._serve_digest)
@@ -437,6 +469,7 @@ class Replicator:
         return True
 
     def _signal(self, criterion: bytes) -> None:
+        self._activity += 1
         event = self._changed.pop(criterion, None)
         if event is not None:
             event.set()
@@ -476,11 +509,13 @@ class Replicator:
             for key, replica in self._replicas.items():
                 if replica.role is Role.FOLLOWER and key not in self._campaigns:
                     del self._replicas[key]
+                    self._activity += 1
                     break
             else:
                 return
 
     def _index(self, criterion: bytes, state: ChainState) -> None:
+        self._activity += 1
         config = state.config
         if config is None:
             self._drop_members(criterion)
@@ -489,6 +524,7 @@ class Replicator:
             self._shared_cache = None
 
     def _drop_members(self, criterion: bytes) -> None:
+        self._activity += 1
         if self._members.pop(criterion, None) is not None:
             self._shared_cache = None
         self._watch_moves.forget(criterion)
@@ -1076,6 +1112,7 @@ class Replicator:
 
     def _mark(self, replica: Replica) -> None:
         """Every member of ``replica`` may be owed an append now."""
+        self._activity += 1
         if not replica.is_leader:
             return
         config = replica.config
@@ -1086,22 +1123,40 @@ class Replicator:
             if outbox is None:
                 if member is None:
                     continue
-                outbox = self._outboxes[key] = Outbox(member, MAX_BATCH,
-                                                      max_delay=self.options.request_timeout)
+                outbox = self._outboxes[key] = Outbox(
+                    member, MAX_BATCH, max_delay=self.options.request_timeout,
+                    lazy_delay=self.options.commit_notice)
             elif member is not None:
                 outbox.member = member
-            outbox.owe(replica.criterion)
+            self._owe(outbox, replica, key)
             if key not in self._sending and self._spawn(self._send_loop, key):
                 self._sending.add(key)
+
+    def _owe(self, outbox: Outbox, replica: Replica, key: bytes) -> None:
+        urgent = replica.urgent(key)
+        outbox.owe(replica.criterion, lazy=not urgent, now=trio.current_time())
+        wake = self._wakes.get(key)
+        if urgent and wake is not None and not outbox.failures:
+            wake.set()
 
     async def _send_loop(self, key: bytes) -> None:
         outbox = self._outboxes[key]
         try:
             while outbox:
-                await trio.sleep(outbox.delay(self.rng.random()))
+                wait = outbox.delay(self.rng.random(), trio.current_time())
+                if wait > 0:
+                    # Only commit marks are owed (or the peer is backed off): wait, but
+                    # wake for events owed in the meantime.
+                    wake = self._wakes[key] = trio.Event()
+                    with trio.move_on_after(wait):
+                        await wake.wait()
+                    del self._wakes[key]
+                    if wake.is_set():
+                        continue
                 await self._send_batch(key, outbox)
         finally:
             self._sending.discard(key)
+            self._wakes.pop(key, None)
             if not outbox and self._outboxes.get(key) is outbox:
                 del self._outboxes[key]
 
@@ -1140,7 +1195,7 @@ class Replicator:
         for replica, plan in plans:
             await self._take_ack(replica, key, plan, acks.get(replica.criterion))
             if replica.is_leader and replica.plan(key) is not None:
-                outbox.owe(replica.criterion)
+                self._owe(outbox, replica, key)
         outbox.answered(len(plans), sum(1 for r, _ in plans
                                         if acks.get(r.criterion) is None
                                         or acks[r.criterion].status == "refused"))
@@ -1169,6 +1224,7 @@ class Replicator:
 
     async def _take_ack(self, replica: Replica, key: bytes, plan: AppendPlan,
                         ack: AppendAck | None) -> None:
+        self._activity += 1
         if ack is None:
             replica.send_failed(key)
             return
@@ -1317,24 +1373,54 @@ class Replicator:
                 _log.warning("cannot store the state of chain %s: %s", criterion.hex()[:16], exc)
 
     async def maintain(self) -> None:
-        """One background round: moves, stand-ins for silent leaders, digests."""
+        """One background round: moves, stand-ins for silent leaders, digests.
+
+        A *full* round looks at every chain. It runs when the overlay's routing
+        table or anything replicated here changed since the last round began,
+        and every ``_FULL_ROUNDS`` rounds in any case; the rounds between look
+        only at the chains the last full round found unsettled (a move watched
+        or under way) and reuse each peer's digest, so an idle node's rounds
+        cost per peer, not per chain.
+        """
         self._counts["anti_entropy_rounds"] += 1
         now = self._now()
-        for replica in list(self._replicas.values()):
-            if replica.is_leader:
-                await self._reconfigure(replica)
-        await self._watch(now)
+        self._rounds += 1
+        version = self.sets.routing_version()
+        seen = (version, self._activity)
+        full = version is None or seen != self._round_seen or self._rounds % _FULL_ROUNDS == 0
+        self._round_seen = seen
+        self._counts["full_rounds"] += full
+        chains = list(self._members) if full else sorted(self._unsettled)
+        unsettled: set[bytes] = set()
+        leaders = ([r for r in self._replicas.values() if r.is_leader] if full else
+                   [r for r in map(self._replicas.get, chains) if r is not None and r.is_leader])
+        for replica in leaders:
+            await self._reconfigure(replica)
+            reconfig = self._reconfigs.get(replica.criterion)
+            if (replica.reconfiguring() or not replica.config_committed()
+                    or any(p.learner for p in replica.progress.values())
+                    or (reconfig is not None and reconfig.pending)):
+                unsettled.add(replica.criterion)
+        unsettled |= await self._watch(now, chains)
+        self._unsettled = unsettled
         await self._digests()
 
-    async def _watch(self, now: float) -> None:
+    async def _watch(self, now: float, chains: list[bytes]) -> set[bytes]:
         """Chains whose configuration the overlay no longer matches, with no leader
-        moving them: after the hysteresis period, stand for leader (and move them)."""
+        moving them: after the hysteresis period, stand for leader (and move them).
+        Returns those of ``chains`` that mismatch."""
         own = self.own().key
-        for criterion, voters in list(self._members.items()):
+        watched: set[bytes] = set()
+        for criterion in chains:
+            voters = self._members.get(criterion)
+            if voters is None:
+                continue
             replica = self._replicas.get(criterion)
             mismatched = own in voters and (
                 frozenset(m.key for m in self.sets.desired(criterion)) != voters
                 or (replica is not None and replica.reconfiguring()))
+            if mismatched:
+                watched.add(criterion)
             if not self._watch_moves.due(criterion, now, mismatched=mismatched):
                 continue
             replica = await self.replica(criterion)
@@ -1343,6 +1429,7 @@ class Replicator:
                 continue
             self._watch_moves.stood(criterion, now)
             self._spawn(self._stand_in, criterion)
+        return watched
 
     async def _stand_in(self, criterion: bytes) -> None:
         """The leader has been silent while the chain should move: if it does not
@@ -1392,6 +1479,21 @@ class Replicator:
         commit = replica.commit
         return criterion, replica.state.epoch, -1 if commit is None else commit[0]
 
+    async def _peer_buckets(self, key: bytes, chains: list[bytes]) -> tuple[bytes, ...]:
+        """The digest buckets of ``chains`` (those shared with peer ``key``), worked out
+        again only after something changed here."""
+        cached = self._bucket_cache.get(key)
+        if cached is not None and cached[0] == self._activity and cached[1] is chains:
+            return cached[2]
+        for criterion in chains:
+            await self.replica(criterion)
+        activity = self._activity
+        buckets = self._buckets(chains)
+        if len(self._bucket_cache) > 4 * len(self._shared()) + 64:
+            self._bucket_cache.clear()
+        self._bucket_cache[key] = (activity, chains, buckets)
+        return buckets
+
     def _buckets(self, chains: list[bytes]) -> tuple[bytes, ...]:
         acc = [0] * _BUCKETS
         hashed = self._entry_hashes
@@ -1426,17 +1528,22 @@ class Replicator:
                     entries.append((c, 0, -1))
             await self._pull_ahead(peer, [(c, *theirs[c]) for c in theirs if c in mine])
             return DigestReply((), tuple(entries))
-        return DigestReply(self._buckets(shared))
+        return DigestReply(await self._peer_buckets(peer.public_key, shared))
 
     async def _digests(self) -> None:
         shared = self._shared()
         if not shared or self._nursery is None:
             return
+        pacing = self._pacing
+        if len(pacing) > len(shared):
+            pacing.keep_only(shared)
         async with trio.open_nursery() as nursery:
             for key in sorted(shared):
-                nursery.start_soon(guarded, self._digest_with, key, shared[key])
+                if pacing.due(key, self._rounds, self._activity):
+                    nursery.start_soon(guarded, self._digest_with, key, shared[key])
 
     async def _digest_with(self, key: bytes, chains: list[bytes]) -> None:
+        round_, activity = self._rounds, self._activity
         member = None
         for criterion in chains:
             replica = self._replicas.get(criterion)
@@ -1451,9 +1558,7 @@ class Replicator:
             if address is None:
                 return
             member = Member(key, address)
-        for criterion in chains:
-            await self.replica(criterion)
-        mine = self._buckets(chains)
+        mine = await self._peer_buckets(key, chains)
         self._counts["digests_sent"] += 1
         timeout = self.options.request_timeout
         address = self.sets.address(member)
@@ -1462,12 +1567,16 @@ class Replicator:
                                               retransmit=True)
         except KettenError:
             self._counts["peer_failures"] += 1
+            self._pacing.out_of_step(key)
             return
         if peer.public_key != key or len(reply.buckets) != _BUCKETS:
+            self._pacing.out_of_step(key)
             return
         differing = tuple(i for i in range(_BUCKETS) if reply.buckets[i] != mine[i])
         if not differing:
+            self._pacing.in_step(key, round_, activity)
             return
+        self._pacing.out_of_step(key)
         entries = tuple(self._entry(c) for c in chains if c[0] >> 4 in set(differing))
         try:
             _, listed = await self.rpc.call(address, Digest((), differing, entries),
