@@ -6,6 +6,10 @@ Delivery is decided by the seeded :class:`~ketten.adapters._netmodel.NetworkMode
 with ``trio.sleep``, so under ``trio.testing.MockClock(autojump_threshold=0)``
 thousands of nodes run in virtual time. Peers are authenticated by
 construction: the network knows which identity owns each endpoint.
+
+Options: ``network`` (the :class:`MemoryNetwork` the nodes that should see
+each other share; without it a node gets a network of its own and runs
+alone, which is what ``NodeConfig()`` gives) and ``address``.
 """
 
 from __future__ import annotations
@@ -258,9 +262,14 @@ def ketten_make_transport(name: str, options: Mapping[str, Any], node: Node) -> 
     if name != "memory":
         return None
     network = options.get("network")
+    if network is None:
+        # A network of its own: a node alone, which only nodes given this very
+        # network could reach (there are none).
+        network = MemoryNetwork()
     if not isinstance(network, MemoryNetwork):
         raise ConfigError(
-            "the memory transport needs the option 'network' (a ketten.adapters.memory.MemoryNetwork)"
+            "transport option 'network' must be a ketten.adapters.memory.MemoryNetwork "
+            f"(shared by the nodes that should see each other), got {type(network).__name__}"
         )
     address = options.get("address")
     if address is not None and not isinstance(address, str):

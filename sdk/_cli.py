@@ -1,8 +1,14 @@
-"""The ``ketten`` command line."""
+"""The ``ketten`` command line.
+
+Exit codes: 0 success; 1 a check found a problem (``verify``, ``chains``);
+2 bad usage or an error, printed as one line on stderr (no traceback);
+130 interrupted.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Iterator, Sequence
 
@@ -17,6 +23,9 @@ __all__ = ["main"]
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
     pm = plugin_manager()
+    if args.json:
+        print(json.dumps({kind: installed_names(pm, kind) for kind in KINDS}))
+        return 0
     for kind in KINDS:
         print(f"{kind:10} {', '.join(installed_names(pm, kind)) or '-'}")
     return 0
@@ -52,6 +61,11 @@ def _cmd_chains(args: argparse.Namespace) -> int:
             failures += 1
             continue
         heads = reader.heads()
+        if args.json:
+            print(json.dumps({"path": path, "chains": [
+                {"criterion": c.hex(), "events": heads[c][0] + 1, "head": heads[c][1].hex()}
+                for c in sorted(heads)]}))
+            continue
         print(f"{path}: {len(heads)} chains")
         for criterion in sorted(heads):
             seq, head = heads[criterion]
@@ -80,15 +94,21 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ketten", description=__doc__)
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog="ketten", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"ketten {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plugins", help="list the installed plugins by kind")
+    p.add_argument("--json", action="store_true", help="one JSON object: kind -> names")
     p.set_defaults(run=_cmd_plugins)
     p = sub.add_parser("keygen", help="write a new private key file (mode 0600)")
     p.add_argument("path")
     p.set_defaults(run=_cmd_keygen)
     p = sub.add_parser("chains", help="list the chains in store directories")
     p.add_argument("paths", nargs="+")
+    p.add_argument("--json", action="store_true", help="one JSON object per directory")
     p.set_defaults(run=_cmd_chains)
     p = sub.add_parser("verify", help="verify every chain in store directories")
     p.add_argument("paths", nargs="+")
@@ -110,6 +130,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KettenError as exc:
         print(f"ketten: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"ketten: error:{where}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
     return code
 
 

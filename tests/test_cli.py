@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import stat
 import subprocess
@@ -73,6 +74,17 @@ def test_plugins_and_keygen(tmp_path: Path) -> None:
     again = subprocess.run([sys.executable, "-m", "ketten._cli", "keygen", str(key)],
                            capture_output=True, text=True)
     assert again.returncode == 2 and "overwrite" in again.stderr
+    missing = subprocess.run([sys.executable, "-m", "ketten._cli", "keygen",
+                              str(tmp_path / "no" / "such" / "dir" / "k")],
+                             capture_output=True, text=True)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert "No such file or directory" in missing.stderr and "no/such/dir" in missing.stderr
+    version = subprocess.run([sys.executable, "-m", "ketten._cli", "--version"],
+                             check=True, capture_output=True, text=True).stdout
+    assert version.strip() == f"ketten {ketten.__version__}"
+    as_json = json.loads(subprocess.run([sys.executable, "-m", "ketten._cli", "plugins", "--json"],
+                                        check=True, capture_output=True, text=True).stdout)
+    assert "sqlite" in as_json["store"] and "kademlia" in as_json["overlay"]
 
 
 def test_sim_runs_seeds(capsys: pytest.CaptureFixture[str]) -> None:

@@ -181,12 +181,20 @@ async def test_config_is_validated() -> None:
         NodeConfig(replication=0)
     with pytest.raises(ConfigError, match="options"):
         NodeConfig(options={"transport": 5})  # type: ignore[dict-item]
-    with pytest.raises(ConfigError, match="network"):
-        async with ketten.open_node(NodeConfig()):
+    with pytest.raises(ConfigError, match="network' must be a"):
+        async with ketten.open_node(NodeConfig(options={"transport": {"network": "shared"}})):
             pass  # pragma: no cover
     with pytest.raises(UsageError, match="32-byte"):
         async with ketten.open_node(config(MemoryNetwork(), 1)) as node:
             await node.append_local(b"short", b"")
+
+
+async def test_a_default_config_runs_a_node_alone(autojump_clock: object) -> None:
+    async with ketten.open_node(NodeConfig()) as node:
+        event = await node.publish("alone", b"hello")
+        assert [e.hash for e in await node.read("alone")] == [event.hash]
+    async with ketten.open_node(NodeConfig()) as other:  # a network of its own again
+        assert await other.read("alone") == []
 
 
 async def test_startup_errors_are_not_wrapped(plugins: pluggy.PluginManager) -> None:

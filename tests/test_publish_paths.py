@@ -107,3 +107,23 @@ async def test_a_stable_network_smaller_than_k_does_not_join_again(autojump_cloc
         before = overlay.statistics().lookups
         await trio.sleep(120.0)
         assert overlay.statistics().lookups == before
+
+
+async def test_an_event_over_max_event_size_is_refused_at_once_naming_the_limit(
+        autojump_clock) -> None:
+    from ketten.errors import UsageError
+
+    async with open_cluster(3, seed=8) as cluster:
+        node = cluster[0]
+        limit = node.config.max_event_size
+        for size in (limit, 4 * limit):
+            started = trio.current_time()
+            with pytest.raises(UsageError, match="max_event_size"):
+                await node.publish("big", b"x" * size)
+            assert trio.current_time() == started  # nothing was sent, nobody waited
+        # Headers and signature push a payload just under the limit over it.
+        with pytest.raises(UsageError, match=r"would take \d+ bytes .* max_event_size"):
+            await node.publish("big", b"x" * (limit - 8))
+        assert await node.read("big") == []
+        event = await node.publish("big", b"x" * (limit - 1024))
+        assert event.seq == 0

@@ -141,7 +141,7 @@ class Node:
         self._publisher = Publisher(self._rpc, sets, self._broker, self._member, self._stamp,
                                     self._observe, self._clock is not None, self.now_ms,
                                     config.request_timeout, self._rng, lambda: self.nursery,
-                                    self._options.max_publishing)
+                                    self._options.max_publishing, config.max_event_size)
         settings = Feeds.parse_options(config.options_for("subscriptions"),
                                        self._options.anti_entropy)
         self._feeds = Feeds(self._rpc, chains, self._member, self.now_ms, self._members_of,
@@ -364,11 +364,17 @@ class Node:
         broker lately, or its author sent the leader too many bytes lately;
         :class:`~ketten.errors.WriterNotAllowed` /
         :class:`~ketten.errors.InvalidEvent` when the brokers refuse the
-        event; :class:`~ketten.errors.UsageError` for bad arguments.
+        event; :class:`~ketten.errors.UsageError` for bad arguments and for an
+        event bigger than ``max_event_size`` (at once, nothing is sent).
         """
         key = self._key(criterion)
         if not isinstance(payload, bytes):
             raise UsageError(f"payload must be bytes, not {type(payload).__name__}")
+        if len(payload) >= self.config.max_event_size:
+            raise UsageError(
+                f"a payload of {len(payload)} bytes cannot fit an event of at most "
+                f"max_event_size ({self.config.max_event_size} bytes): split the payload, "
+                "or raise max_event_size in every node's NodeConfig")
         if command is not None and (type(command) is not int or command < 0):
             raise UsageError("command must be a non-negative integer")
         if not isinstance(deadline, int | float) or isinstance(deadline, bool) or deadline <= 0:

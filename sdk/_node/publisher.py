@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import attrs
 import trio
 
-from .._core.event import Event
+from .._core.event import DEFAULT_MAX_EVENT_SIZE, Event
 from .._core.identity import Identity
 from .._core.membership import Member, Pos
 from .._core.messages import MAX_BATCH, Answer, Offer, OfferAnswer, OfferItem, Route
@@ -72,6 +72,8 @@ class Publisher:
     rng: random.Random
     nursery: Callable[[], trio.Nursery]
     max_publishing: int = 16
+    max_event_size: int = DEFAULT_MAX_EVENT_SIZE
+    """The node's ``max_event_size``: a bigger event is refused before it is sent."""
     """Calls worked on at once; later ones wait their turn before their deadline starts."""
     _turns: trio.Semaphore = attrs.field(init=False)
     _heads: OrderedDict[bytes, Pos] = attrs.field(factory=OrderedDict, init=False)
@@ -152,8 +154,15 @@ class Publisher:
                         raise UsageError(
                             f"criterion {criterion.hex()[:16]} already has a genesis; writers can "
                             "only be declared by the first event of a chain")
-                    attempt.built(self._build(attempt, identity, criterion, action.seq, action.prev,
-                                              payload, command, writers))
+                    built = self._build(attempt, identity, criterion, action.seq, action.prev,
+                                        payload, command, writers)
+                    size = len(built.to_bytes())
+                    if size > self.max_event_size:
+                        raise UsageError(
+                            f"the event would take {size} bytes ({len(payload)} of payload), "
+                            f"more than max_event_size ({self.max_event_size} bytes): split "
+                            "the payload, or raise max_event_size in every node's NodeConfig")
+                    attempt.built(built)
                 elif step is Step.CONFLICT:
                     assert on_conflict is not None
                     answer = on_conflict(conflict_head)
