@@ -43,7 +43,7 @@ from ._node.feeds import (
     SubscriptionStatistics,
 )
 from ._node.node import Node, NodeStatistics, open_node
-from ._node.plugins import installed_names, plugin_manager
+from ._node.plugins import broken_plugins, installed_names, plugin_manager
 from ._node.replicator import ReplicationStatistics
 from .errors import (
     BrokenLink,
@@ -126,6 +126,7 @@ __all__ = [
     "WriterNotAllowed",
     "WriterPolicy",
     "__version__",
+    "broken_plugins",
     "check_successor",
     "choose_branch",
     "classify",

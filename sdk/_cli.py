@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 from ._core.chain import Verify, scan_encoded_chain
 from ._core.identity import Identity
-from ._node.plugins import KINDS, installed_names, plugin_manager
+from ._node.plugins import KINDS, broken_plugins, installed_names, plugin_manager
 from .errors import KettenError
 from .interfaces import StoreReader
 
@@ -23,11 +23,15 @@ __all__ = ["main"]
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
     pm = plugin_manager()
+    broken = broken_plugins(pm)
     if args.json:
-        print(json.dumps({kind: installed_names(pm, kind) for kind in KINDS}))
+        print(json.dumps({**{kind: installed_names(pm, kind) for kind in KINDS},
+                          "broken": broken}))
         return 0
     for kind in KINDS:
         print(f"{kind:10} {', '.join(installed_names(pm, kind)) or '-'}")
+    for name, why in sorted(broken.items()):
+        print(f"broken     {name}: {why}")
     return 0
 
 

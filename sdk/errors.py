@@ -67,15 +67,22 @@ class PluginNotFound(ConfigError):
     """A plugin was selected by a name that no installed plugin provides.
 
     ``kind`` is the interface (``"store"``, ``"transport"``, ...), ``name`` the
-    requested name and ``installed`` the names that are available.
+    requested name and ``installed`` the names that are available; ``broken``
+    the installed plugins that failed to load (name -> what went wrong), one
+    of which may have been the one meant.
     """
 
-    def __init__(self, kind: str, name: str, installed: list[str]) -> None:
+    def __init__(self, kind: str, name: str, installed: list[str],
+                 broken: dict[str, str] | None = None) -> None:
         self.kind = kind
         self.name = name
         self.installed = sorted(installed)
+        self.broken = dict(broken or {})
         listed = ", ".join(self.installed) if self.installed else "(none)"
-        super().__init__(f"no {kind} plugin named {name!r} is installed; installed: {listed}")
+        skipped = "".join(f"; plugin {n!r} failed to load: {why}"
+                          for n, why in sorted(self.broken.items()))
+        super().__init__(f"no {kind} plugin named {name!r} is installed; installed: {listed}"
+                         f"{skipped}")
 
 
 class CommandIdReused(UsageError):

@@ -13,6 +13,7 @@ import trio
 
 import ketten
 from ketten import ConfigError, NodeConfig, PluginNotFound, criterion_key, hookimpl
+from ketten._node.plugins import make_plugin
 from ketten.adapters.memory import MemoryNetwork
 
 HERE = Path(__file__).parent
@@ -71,6 +72,7 @@ def test_separately_installed_distribution_is_discovered(tmp_path: Path) -> None
     # A fresh interpreter with the distribution on its path, as an application would see it.
     script = """
 import sys, trio, ketten
+from ketten._node.plugins import make_plugin
 from ketten.adapters.memory import MemoryNetwork
 pm = ketten.plugin_manager()
 assert "counting" in ketten.installed_names(pm, "store"), ketten.installed_names(pm, "store")
@@ -117,3 +119,38 @@ async def test_plugin_objects_can_be_registered_directly() -> None:
         await node.append_local(criterion_key("k"), b"v")
     assert made == ["recorded"]
     await trio.lowlevel.checkpoint()
+
+
+def test_a_broken_plugin_is_reported_and_skipped_not_fatal(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import importlib.metadata
+
+    from ketten._node.plugins import load_entry_points
+
+    pm = ketten.plugin_manager()
+    bad_hooks = types.ModuleType("ketten_test_bad_hooks")
+
+    @hookimpl
+    def ketten_make_stor(name: str, options: object, node: object) -> None:
+        return None
+
+    bad_hooks.ketten_make_stor = ketten_make_stor  # type: ignore[attr-defined]
+    sys.modules["ketten_test_bad_hooks"] = bad_hooks
+    try:
+        entries = [
+            importlib.metadata.EntryPoint("missing", "ketten_no_such_module_xyz", "ketten"),
+            importlib.metadata.EntryPoint("misspelt", "ketten_test_bad_hooks", "ketten"),
+        ]
+        with caplog.at_level("WARNING", logger="ketten.plugins"):
+            load_entry_points(pm, entries)
+    finally:
+        del sys.modules["ketten_test_bad_hooks"]
+    broken = ketten.broken_plugins(pm)
+    assert set(broken) == {"missing", "misspelt"}
+    assert "ModuleNotFoundError" in broken["missing"] and "ketten_make_stor" in broken["misspelt"]
+    assert "broken and was skipped" in caplog.text
+    # The others still work, and asking for a name that is not there says what broke.
+    assert "sqlite" in ketten.installed_names(pm, "store")
+    with pytest.raises(PluginNotFound, match="failed to load") as info:
+        make_plugin(pm, "store", "missing", {}, None)  # type: ignore[arg-type]
+    assert info.value.broken == broken
