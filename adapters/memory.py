@@ -60,6 +60,8 @@ class MemoryNetwork:
     _model: NetworkModel = attrs.field(init=False)
     _endpoints: dict[str, MemoryTransport] = attrs.field(factory=dict, init=False)
     _next_address: int = attrs.field(default=0, init=False)
+    _run: object = attrs.field(default=None, init=False)
+    """The trio run its endpoints serve in: messages are carried by that run's tasks."""
 
     def __attrs_post_init__(self) -> None:
         self._model = NetworkModel(self.faults, self.seed)
@@ -99,6 +101,12 @@ class MemoryNetwork:
     def _attach(self, endpoint: MemoryTransport) -> None:
         if endpoint.address in self._endpoints:
             raise UsageError(f"address {endpoint.address} is already serving on this network")
+        run = trio.lowlevel.current_trio_token()
+        if self._endpoints and run is not self._run:
+            raise UsageError(
+                "a MemoryNetwork carries messages within one trio run; a node on another "
+                "thread or run (ketten.blocking, ketten.aio) needs its own network, or TCP")
+        self._run = run
         self._endpoints[endpoint.address] = endpoint
 
     def _detach(self, endpoint: MemoryTransport) -> None:

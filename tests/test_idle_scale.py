@@ -9,6 +9,7 @@ virtual time, the Kademlia overlay.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -25,6 +26,7 @@ from ketten.testing import Cluster
 NODES = 1000
 CHAINS = 100_000
 R = 3
+PING_INTERVAL = 30.0
 
 
 def nearest_nodes(ids: list[int], count: int, chains: int) -> dict[bytes, list[int]]:
@@ -71,27 +73,37 @@ def messages(net: MemoryNetwork) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 async def test_1000_nodes_holding_100000_chains_idle_at_a_cost_per_peer(
         plugins: Any, autojump_clock: Any) -> None:
     net = MemoryNetwork(seed=11)
     async with trio.open_nursery() as nursery:
         cluster = Cluster(nursery, plugins, net, seed=11, overlay="kademlia",
-                          anti_entropy=2.0, request_timeout=2.0)
+                          anti_entropy=2.0, request_timeout=2.0,
+                          options={"overlay": {"ping_interval": PING_INTERVAL}})
         ids = [int.from_bytes(cluster.identity(i).node_id, "big") for i in range(NODES)]
+        started = time.process_time()
         placement = nearest_nodes(ids, R, CHAINS)
         await preload(cluster, placement)
-        for index in range(NODES):
+        phases = {"preload": time.process_time() - started}
+        for index in range(2):  # the others join through these two
             await cluster.start(index)
+        async with trio.open_nursery() as starting:
+            for index in range(2, NODES):
+                starting.start_soon(cluster.start, index)
+        phases["start"] = time.process_time() - started - sum(phases.values())
         await trio.sleep(180.0)  # tables fill, first rounds look at every chain
+        phases["warm-up"] = time.process_time() - started - sum(phases.values())
 
         held = [cluster.nodes[i].replication_statistics().chains_held for i in range(NODES)]
         peers = [len(cluster.nodes[i]._replicator._shared()) for i in range(NODES)]
-        assert sum(held) == R * CHAINS
+        assert sum(held) >= R * CHAINS
         before = messages(net)
         stats = [cluster.nodes[i].replication_statistics() for i in range(NODES)]
         await trio.sleep(600.0)
         sent = messages(net) - before
         after = [cluster.nodes[i].replication_statistics() for i in range(NODES)]
+        phases["idle"] = time.process_time() - started - sum(phases.values())
         nursery.cancel_scope.cancel()
 
     minutes = 10
@@ -100,12 +112,15 @@ async def test_1000_nodes_holding_100000_chains_idle_at_a_cost_per_peer(
     siblings = 5 * R
     per_node_minute = sent / NODES / minutes
     # Per minute, a few messages (requests and replies) per peer the node shares chains
-    # with and per sibling of the overlay; nothing per chain (a node holds ~300).
-    bound = sum(8 * (p + siblings) for p in peers) / NODES
+    # with, and a ping and its answer per sibling of the overlay and ping interval;
+    # nothing per chain (a node holds about 300).
+    pings = 2 * 60 / PING_INTERVAL
+    bound = sum(8 * p + 2 * pings * siblings for p in peers) / NODES
     print(f"{NODES} nodes, {CHAINS} chains ({min(held)}-{max(held)} per node), "
           f"{sum(peers) / NODES:.1f} peers per node, {rounds / NODES:.0f} rounds per node: "
           f"{per_node_minute:.1f} messages per node per minute (bound {bound:.1f}), "
-          f"{sum(digests) / NODES / minutes:.2f} digests sent per node per minute")
+          f"{sum(digests) / NODES / minutes:.2f} digests sent per node per minute; cpu s "
+          + ", ".join(f"{k} {v:.0f}" for k, v in phases.items()))
     assert rounds / NODES >= 200
     assert per_node_minute <= bound
     # Anti-entropy with peers in step: each asked at most every few rounds.
