@@ -100,18 +100,22 @@ class ChainDelivery:
                 stats["peak_held"] = self._held_count
             return []
         out = [event]
-        seq += 1
-        if held:
-            while True:
-                following = held.pop(seq, None)
-                if following is None:
-                    break
-                out.append(following)
-                seq += 1
-            self._held_count -= len(out) - 1
+        seq = self._release(criterion, seq + 1, out)
+        self._held_count -= len(out) - 1
         self._next[criterion] = seq
         stats["delivered"] += len(out)
         return out
+
+    def _release(self, criterion: bytes, seq: int, out: list[Event]) -> int:
+        """Move the held run of ``criterion`` from ``seq`` on to ``out``; the seq after it."""
+        held = self._held.get(criterion)
+        while held:
+            following = held.pop(seq, None)
+            if following is None:
+                break
+            out.append(following)
+            seq += 1
+        return seq
 
     def pending(self) -> int:
         """How many events are held back."""
@@ -134,12 +138,7 @@ class ChainDelivery:
                 del held[old]
                 self._held_count -= 1
         out: list[Event] = []
-        while held:
-            following = held.pop(seq, None)
-            if following is None:
-                break
-            out.append(following)
-            seq += 1
+        seq = self._release(criterion, seq, out)
         self._held_count -= len(out)
         self._next[criterion] = seq
         self._stats["delivered"] += len(out)

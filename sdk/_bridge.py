@@ -19,11 +19,12 @@ from typing import Any, TypeVar
 import pluggy
 import trio
 
+from ._core.identity import Identity
 from ._node.config import NodeConfig
 from ._node.node import Node, open_node
 from .errors import KettenError
 
-__all__ = ["NodeClosed", "NodeThread", "StreamHandle"]
+__all__ = ["NodeClosed", "NodeFacade", "NodeThread", "StreamHandle"]
 
 T = TypeVar("T")
 
@@ -176,6 +177,23 @@ class NodeThread:
                 pass
         if threading.current_thread() is not self._thread:
             self._thread.join()
+
+
+class NodeFacade:
+    """What the blocking and asyncio facades share: the node on its thread."""
+
+    def __init__(self, thread: NodeThread) -> None:
+        self._thread = thread
+        assert thread.node is not None
+        self._node: Node = thread.node
+
+    @property
+    def address(self) -> str:
+        return self._node.address
+
+    @property
+    def identity(self) -> Identity:
+        return self._node.identity
 
 
 class StreamHandle:

@@ -29,12 +29,11 @@ from typing import Any
 
 import pluggy
 
-from ._bridge import NodeClosed, NodeThread, StreamHandle
+from ._bridge import NodeClosed, NodeFacade, NodeThread, StreamHandle
 from ._core.event import Event
-from ._core.identity import Identity
 from ._node.config import NodeConfig
 from ._node.feeds import DurableSubscription, Subscription
-from ._node.node import Node, NodeStatistics
+from ._node.node import NodeStatistics
 
 __all__ = ["AioDurableSubscription", "AioNode", "AioSubscription", "NodeClosed", "open_node"]
 
@@ -68,21 +67,9 @@ class _Opening:
             await self._node.aclose()
 
 
-class AioNode:
+class AioNode(NodeFacade):
     """A :class:`ketten.Node` whose methods are asyncio coroutines."""
 
-    def __init__(self, thread: NodeThread) -> None:
-        self._thread = thread
-        assert thread.node is not None
-        self._node: Node = thread.node
-
-    @property
-    def address(self) -> str:
-        return self._node.address
-
-    @property
-    def identity(self) -> Identity:
-        return self._node.identity
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return await asyncio.wrap_future(self._thread.submit(functools.partial(fn, *args,

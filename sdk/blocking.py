@@ -24,12 +24,11 @@ from typing import Any
 
 import pluggy
 
-from ._bridge import NodeClosed, NodeThread, StreamHandle
+from ._bridge import NodeClosed, NodeFacade, NodeThread, StreamHandle
 from ._core.event import Event
-from ._core.identity import Identity
 from ._node.config import NodeConfig
 from ._node.feeds import DurableSubscription, Subscription
-from ._node.node import Node, NodeStatistics
+from ._node.node import NodeStatistics
 
 __all__ = ["BlockingDurableSubscription", "BlockingNode", "BlockingSubscription", "NodeClosed",
            "open_node"]
@@ -44,27 +43,15 @@ def open_node(config: NodeConfig | None = None, *,
     return BlockingNode(NodeThread(config if config is not None else NodeConfig(), plugins))
 
 
-class BlockingNode:
+class BlockingNode(NodeFacade):
     """A :class:`ketten.Node` whose methods block (see the module docstring)."""
 
-    def __init__(self, thread: NodeThread) -> None:
-        self._thread = thread
-        assert thread.node is not None
-        self._node: Node = thread.node
 
     def __enter__(self) -> BlockingNode:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    @property
-    def address(self) -> str:
-        return self._node.address
-
-    @property
-    def identity(self) -> Identity:
-        return self._node.identity
 
     def _call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return self._thread.submit(functools.partial(fn, *args, **kwargs)).result()
