@@ -119,9 +119,10 @@ class ReplicationOptions:
     """How long a follower waits after the leader fell silent before it votes for another."""
     commit_flush: float = 1.0
     """How often commit marks are written."""
-    commit_notice: float = 0.5
+    commit_notice: float = 0.0
     """How long a leader may hold back telling a follower of a commit, waiting for the
-    next append to it to carry the news (0: tell at once, one more request each)."""
+    next append to it to carry the news (0, the default: tell at once, one more
+    request each; a follower that must confirm commits itself then learns them late)."""
     catch_up_limit: float = 120.0
     """How long new members may take to catch up before a move is tried again."""
     creation_memory: float = 600.0
@@ -173,7 +174,7 @@ class ReplicationOptions:
             hysteresis=_positive(options, "hysteresis", 30.0),
             election_timeout=_positive(options, "election_timeout", request_timeout),
             commit_flush=_positive(options, "commit_flush", 1.0),
-            commit_notice=_at_least_zero(options, "commit_notice", 0.5),
+            commit_notice=_at_least_zero(options, "commit_notice", 0.0),
             catch_up_limit=_positive(options, "catch_up_limit", 120.0),
             creation_memory=_positive(options, "creation_memory", 600.0),
             creations_per_second=_positive(options, "creations_per_second", 64.0, "chains"),
