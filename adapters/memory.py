@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ketten import Identity, hookimpl
+from ketten import Identity, Option, PluginSpec, hookimpl
 from ketten.errors import ConfigError, KettenError, PeerUnreachable, RemoteError, UsageError
 from ketten.interfaces import Handler, Peer, Reply
 
@@ -263,6 +263,17 @@ class MemoryTransport:
 @hookimpl
 def ketten_plugin_names() -> Mapping[str, list[str]]:
     return {"transport": ["memory"]}
+
+
+@hookimpl
+def ketten_plugin_spec(kind: str, name: str) -> PluginSpec | None:
+    if (kind, name) != ("transport", "memory"):
+        return None
+    return PluginSpec({
+        "network": Option("the MemoryNetwork shared by the nodes that should see each other",
+                          MemoryNetwork),
+        "address": Option("this node's address on the network", str),
+    })
 
 
 @hookimpl

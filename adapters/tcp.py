@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ketten import Identity, hookimpl
+from ketten import Identity, Option, PluginSpec, hookimpl
 from ketten.errors import (
     ConfigError,
     DecodeError,
@@ -627,6 +627,26 @@ class TcpTransport:
 @hookimpl
 def ketten_plugin_names() -> Mapping[str, list[str]]:
     return {"transport": ["tcp"]}
+
+
+@hookimpl
+def ketten_plugin_spec(kind: str, name: str) -> PluginSpec | None:
+    if (kind, name) != ("transport", "tcp"):
+        return None
+    seconds = (int, float)
+    return PluginSpec({
+        "listen": Option("'host:port' to listen on", str),
+        "advertise": Option("'host:port' peers should dial", str),
+        "max_connections": Option("open connections, handshakes included", int),
+        "max_frame_size": Option("bytes of one frame", int),
+        "handshake_timeout": Option("seconds a handshake may take", seconds),
+        "frame_timeout": Option("seconds one frame may take to arrive", seconds),
+        "idle_timeout": Option("seconds an unused connection stays open", seconds),
+        "max_concurrent_requests": Option("requests in flight on one connection", int),
+        "max_per_source": Option("incoming connections per source address", int),
+        "max_handshakes_per_source": Option("handshakes in progress per source address", int),
+        "encrypt": Option("seal every frame after the handshake", bool),
+    })
 
 
 @hookimpl

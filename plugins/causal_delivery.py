@@ -107,7 +107,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ketten import Event, hookimpl
+from ketten import Event, Option, PluginSpec, hookimpl
 from ketten.errors import ConfigError, DecodeError, UsageError
 
 from ._clock_vector import DEFAULT_MAX_AUTHORS, VectorDecoder
@@ -580,6 +580,19 @@ def make_causal_delivery(options: Mapping[str, Any]) -> CausalDelivery:
 @hookimpl
 def ketten_plugin_names() -> Mapping[str, list[str]]:
     return {"delivery": ["causal"]}
+
+
+@hookimpl
+def ketten_plugin_spec(kind: str, name: str) -> PluginSpec | None:
+    if (kind, name) != ("delivery", "causal"):
+        return None
+    return PluginSpec({
+        "criteria": Option("the subscribed keys (set by the node)", object),
+        "start": Option("first seq per key (set by the node)", object),
+        "heads": Option("the head seq known per key", object),
+        "max_held": Option("events held back at most", int),
+        "max_authors": Option("authors one stamp may name", int),
+    }, clocks=("vector",))
 
 
 @hookimpl

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ketten import Event, hookimpl
+from ketten import Event, Option, PluginSpec, hookimpl
 from ketten.errors import ConfigError, UsageError
 
 from ._holdback import (
@@ -168,6 +168,17 @@ def make_chain_delivery(options: Mapping[str, Any]) -> ChainDelivery:
 @hookimpl
 def ketten_plugin_names() -> Mapping[str, list[str]]:
     return {"delivery": ["chain"]}
+
+
+@hookimpl
+def ketten_plugin_spec(kind: str, name: str) -> PluginSpec | None:
+    if (kind, name) != ("delivery", "chain"):
+        return None
+    return PluginSpec({
+        "criteria": Option("the subscribed keys (set by the node)", object),
+        "start": Option("first seq per key (set by the node)", object),
+        "max_held": Option("events held back at most", int),
+    })
 
 
 @hookimpl

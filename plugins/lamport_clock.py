@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ketten import hookimpl
+from ketten import PluginSpec, hookimpl
 from ketten.errors import ConfigError, DecodeError, UsageError
 from ketten.interfaces import ClockOrder
 from ketten.wire import MAX_UINT, head_size, loads
@@ -107,6 +107,11 @@ class LamportClock:
 @hookimpl
 def ketten_plugin_names() -> Mapping[str, list[str]]:
     return {"clock": ["lamport"]}
+
+
+@hookimpl
+def ketten_plugin_spec(kind: str, name: str) -> PluginSpec | None:
+    return PluginSpec() if (kind, name) == ("clock", "lamport") else None
 
 
 @hookimpl

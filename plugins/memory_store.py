@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ketten import Event, hookimpl
+from ketten import Event, Option, PluginSpec, hookimpl
 from ketten.errors import ConfigError, StoreConflict, StoreError
 
 if TYPE_CHECKING:
@@ -180,6 +180,14 @@ class MemoryStore:
 @hookimpl
 def ketten_plugin_names() -> Mapping[str, list[str]]:
     return {"store": ["memory"]}
+
+
+@hookimpl
+def ketten_plugin_spec(kind: str, name: str) -> PluginSpec | None:
+    if (kind, name) != ("store", "memory"):
+        return None
+    return PluginSpec({"backing": Option("the MemoryBacking that keeps the chains across "
+                                         "opens of the node", MemoryBacking)})
 
 
 @hookimpl

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ketten import Identity, hookimpl, verify_signature, wire
+from ketten import Identity, Option, PluginSpec, hookimpl, verify_signature, wire
 from ketten.errors import ConfigError, DecodeError, KettenError, ProtocolError
 from ketten.interfaces import Peer
 from ketten.wire import field
@@ -336,18 +336,42 @@ def ketten_plugin_names() -> Mapping[str, list[str]]:
 
 
 @hookimpl
+def ketten_plugin_spec(kind: str, name: str) -> PluginSpec | None:
+    if (kind, name) != ("overlay", "static"):
+        return None
+    seconds = (int, float)
+    keys = (list, tuple)
+    return PluginSpec({
+        "seeds": Option("addresses of members to greet", (list, tuple)),
+        "interval": Option("seconds between greetings", seconds),
+        "evict_after": Option("seconds of silence before a member is dropped", seconds),
+        "admit": Option("hex public keys of the members", keys),
+        "operators": Option("hex public keys whose tickets admit a member", keys),
+        "admission": Option("this node's admission ticket (hex)", str),
+    })
+
+
+@hookimpl
 def ketten_make_overlay(name: str, options: Mapping[str, Any], node: Node) -> StaticOverlay | None:
     if name != "static":
         return None
     seeds = options.get("seeds", [])
     if isinstance(seeds, str) or not all(isinstance(s, str) for s in seeds):
         raise ConfigError("overlay option 'seeds' must be a list of addresses")
+    admission = Admission(frozenset(_keys(options, "admit")), tuple(_keys(options, "operators")))
+    if admission.keys and not admission.operators:
+        members = len(admission.keys | {node.identity.public_key})
+        if node.config.replication > members:
+            raise ConfigError(
+                f"replication={node.config.replication} cannot be met: the static overlay "
+                f"admits {members} members (the keys of 'admit' and this node); lower "
+                f"NodeConfig(replication=...) to at most {members} or admit more members")
     return StaticOverlay(
         node,
         list(seeds),
         interval=_number(options, "interval", 1.0),
         evict_after=_number(options, "evict_after", 30.0),
-        admission=Admission(frozenset(_keys(options, "admit")), tuple(_keys(options, "operators"))),
+        admission=admission,
         ticket=_ticket(options),
     )
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ketten import hookimpl
+from ketten import Option, PluginSpec, hookimpl
 from ketten.errors import ConfigError, UsageError
 from ketten.interfaces import ClockOrder
 from ketten.wire import MAX_UINT
@@ -104,6 +104,13 @@ def make_vector_clock(options: Mapping[str, Any], owner: bytes) -> VectorClock:
 @hookimpl
 def ketten_plugin_names() -> Mapping[str, list[str]]:
     return {"clock": ["vector"]}
+
+
+@hookimpl
+def ketten_plugin_spec(kind: str, name: str) -> PluginSpec | None:
+    if (kind, name) != ("clock", "vector"):
+        return None
+    return PluginSpec({"max_authors": Option("authors one stamp may name", int)})
 
 
 @hookimpl

@@ -43,6 +43,7 @@ from ._node.feeds import (
     SubscriptionStatistics,
 )
 from ._node.node import Node, NodeStatistics, open_node
+from ._node.option_schema import Option, PluginSpec
 from ._node.plugins import broken_plugins, installed_names, plugin_manager
 from ._node.replicator import ReplicationStatistics
 from .errors import (
@@ -105,9 +106,11 @@ __all__ = [
     "Node",
     "NodeConfig",
     "NodeStatistics",
+    "Option",
     "PeerUnreachable",
     "Placement",
     "PluginNotFound",
+    "PluginSpec",
     "ProtocolError",
     "PublishOutcomeUnknown",
     "QuorumUnavailable",

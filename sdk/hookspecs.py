@@ -10,7 +10,8 @@ Factory hooks are synchronous and ``firstresult``: each returns an object
 (satisfying a protocol of :mod:`ketten.interfaces`) for the ``name`` it
 provides, or ``None`` for names it does not know. A plugin that implements a
 factory hook also implements :func:`ketten_plugin_names` so that the node can
-list what is installed. Observer hooks are called synchronously by the node
+list what is installed, and :func:`ketten_plugin_spec` so that the node can
+check its options before the factory runs. Observer hooks are called synchronously by the node
 and must not block.
 """
 
@@ -23,6 +24,7 @@ import pluggy
 
 if TYPE_CHECKING:
     from ._core.event import Event
+    from ._node.option_schema import PluginSpec
     from .interfaces import (
         Clock,
         Delivery,
@@ -49,6 +51,7 @@ __all__ = [
     "ketten_open_store_reader",
     "ketten_peer_joined",
     "ketten_plugin_names",
+    "ketten_plugin_spec",
 ]
 
 hookspec = pluggy.HookspecMarker("ketten")
@@ -61,6 +64,20 @@ def ketten_plugin_names() -> Mapping[str, Sequence[str]]:
 
     Kinds are ``transport``, ``overlay``, ``store``, ``clock`` and ``delivery``.
     Called on every plugin whenever names are listed; results are merged.
+    """
+    raise AssertionError("hookspec")  # pragma: no cover
+
+
+@hookspec(firstresult=True)
+def ketten_plugin_spec(kind: str, name: str) -> PluginSpec | None:
+    """The options the ``kind`` plugin called ``name`` takes, or ``None`` if it is not yours.
+
+    Called before each call of that plugin's factory; the first non-``None``
+    result is used. The node refuses (with :class:`~ketten.errors.ConfigError`)
+    option names the spec does not list and values of types it does not
+    accept, and a plugin whose ``clocks`` do not include the node's clock. A
+    plugin that declares no spec gets its options unchecked and a warning in
+    the log.
     """
     raise AssertionError("hookspec")  # pragma: no cover
 

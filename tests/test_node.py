@@ -181,7 +181,8 @@ async def test_config_is_validated() -> None:
         NodeConfig(replication=0)
     with pytest.raises(ConfigError, match="options"):
         NodeConfig(options={"transport": 5})  # type: ignore[dict-item]
-    with pytest.raises(ConfigError, match="network' must be a"):
+    with pytest.raises(ConfigError, match=r"network' of the transport plugin 'memory' .* must be of "
+                       r"type MemoryNetwork"):
         async with ketten.open_node(NodeConfig(options={"transport": {"network": "shared"}})):
             pass  # pragma: no cover
     with pytest.raises(UsageError, match="32-byte"):

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 import trio
 
-from ketten import Event, hookimpl
+from ketten import Event, Option, PluginSpec, hookimpl
 from ketten.errors import (
     ConfigError,
     DecodeError,
@@ -609,6 +609,16 @@ class FileReader:
 @hookimpl
 def ketten_plugin_names() -> Mapping[str, list[str]]:
     return {"store": ["file"]}
+
+
+@hookimpl
+def ketten_plugin_spec(kind: str, name: str) -> PluginSpec | None:
+    if (kind, name) != ("store", "file"):
+        return None
+    return PluginSpec({
+        "path": Option("the store directory", (str, os.PathLike)),
+        "segment_bytes": Option("size after which a new segment file is started", int),
+    })
 
 
 @hookimpl

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ketten import hookimpl, node_id_of
+from ketten import Option, PluginSpec, hookimpl, node_id_of
 from ketten.errors import (
     ConfigError,
     DecodeError,
@@ -442,6 +442,27 @@ class KademliaOverlay:
 @hookimpl
 def ketten_plugin_names() -> Mapping[str, list[str]]:
     return {"overlay": ["kademlia"]}
+
+
+@hookimpl
+def ketten_plugin_spec(kind: str, name: str) -> PluginSpec | None:
+    if (kind, name) != ("overlay", "kademlia"):
+        return None
+    seconds = (int, float)
+    return PluginSpec({
+        "bootstrap": Option("addresses of nodes to join through", (list, tuple)),
+        "k": Option("bucket size", int),
+        "alpha": Option("lookup parallelism", int),
+        "paths": Option("disjoint lookup paths", int),
+        "puzzle_difficulty": Option("leading zero bits of a node id's puzzle", int),
+        "refresh_interval": Option("seconds between bucket refreshes", seconds),
+        "rpc_timeout": Option("seconds to wait for one answer", seconds),
+        "lookup_timeout": Option("seconds a lookup may take", seconds),
+        "siblings": Option("sibling list size", int),
+        "stale_after": Option("failed requests in a row before a contact is dropped", int),
+        "ping_interval": Option("seconds between pings of the siblings", seconds),
+        "join_refresh": Option("refresh every bucket after joining", bool),
+    })
 
 
 @hookimpl

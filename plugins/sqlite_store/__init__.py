@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 import trio
 
-from ketten import Event, hookimpl
+from ketten import Event, Option, PluginSpec, hookimpl
 from ketten.errors import ConfigError, StoreConflict, StoreError, StoreFormatError
 
 from .._store_records import DirLock, store_path
@@ -894,6 +894,17 @@ class SqliteReader:
 @hookimpl
 def ketten_plugin_names() -> Mapping[str, list[str]]:
     return {"store": ["sqlite"]}
+
+
+@hookimpl
+def ketten_plugin_spec(kind: str, name: str) -> PluginSpec | None:
+    if (kind, name) != ("store", "sqlite"):
+        return None
+    return PluginSpec({
+        "path": Option("the store directory", (str, os.PathLike)),
+        "check_on_open": Option("quick_check the database when opening", bool),
+        "inline_limit": Option("seconds a commit may take on the event loop's thread", float),
+    })
 
 
 @hookimpl

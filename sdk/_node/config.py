@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,7 +12,7 @@ from .._core.event import DEFAULT_MAX_EVENT_SIZE
 from .._core.identity import Identity
 from ..errors import ConfigError
 
-__all__ = ["NodeConfig"]
+__all__ = ["OPTION_KINDS", "NodeConfig"]
 
 
 def _positive_int(_: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -29,9 +30,22 @@ def _plugin_name(_: object, attribute: attrs.Attribute[Any], value: str | None) 
         raise ConfigError(f"{attribute.name} must be a plugin name, got {value!r}")
 
 
+OPTION_KINDS = ("transport", "overlay", "store", "clock", "delivery", "replication",
+                "subscriptions")
+
+
 def _options(_: object, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if not isinstance(value, Mapping) or not all(isinstance(v, Mapping) for v in value.values()):
+    if not isinstance(value, Mapping):
         raise ConfigError(f"{attribute.name} must map plugin kinds to option mappings")
+    for kind, options in value.items():
+        if kind not in OPTION_KINDS:
+            close = difflib.get_close_matches(str(kind), OPTION_KINDS, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"options: unknown kind {kind!r}{hint}; the kinds are "
+                              + ", ".join(OPTION_KINDS))
+        if not isinstance(options, Mapping):
+            raise ConfigError(f"options[{kind!r}] must be a mapping of option names to "
+                              f"values, got {type(options).__name__}")
 
 
 @attrs.frozen

@@ -47,7 +47,7 @@ from .feeds import (
     open_subscription,
 )
 from .local_chains import LocalChains
-from .plugins import make_plugin, plugin_manager
+from .plugins import check_selected, make_plugin, plugin_manager
 from .publisher import ConflictHandler, Publisher
 from .replica_sets import Creation, ReplicaSets
 from .replicator import ReplicationOptions, ReplicationStatistics, Replicator
@@ -760,6 +760,7 @@ async def open_node(
     config = config if config is not None else NodeConfig()
     pm = plugins if plugins is not None else plugin_manager()
     identity = config.identity if config.identity is not None else Identity.generate()
+    check_selected(pm, "delivery", config.delivery, config.clock)
     node = Node(config, identity, pm)
     node._store = make_plugin(pm, "store", config.store, config.options_for("store"), node)
     node._transport = make_plugin(

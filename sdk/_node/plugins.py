@@ -12,15 +12,27 @@ import pluggy
 
 from .. import hookspecs
 from ..errors import ConfigError, PluginNotFound
+from .option_schema import PluginSpec, check_options
 
 if TYPE_CHECKING:
     from ..interfaces import NodeContext
 
-__all__ = ["KINDS", "broken_plugins", "installed_names", "make_plugin", "plugin_manager"]
+__all__ = [
+    "KINDS",
+    "broken_plugins",
+    "check_clock",
+    "check_selected",
+    "installed_names",
+    "make_plugin",
+    "plugin_manager",
+    "plugin_spec",
+]
 
 KINDS = ("transport", "overlay", "store", "clock", "delivery")
 
 _log = logging.getLogger("ketten.plugins")
+_UNCHECKED: weakref.WeakKeyDictionary[pluggy.PluginManager, set[tuple[str, str]]] = (
+    weakref.WeakKeyDictionary())
 _BROKEN: weakref.WeakKeyDictionary[pluggy.PluginManager, dict[str, str]] = (
     weakref.WeakKeyDictionary())
 
@@ -81,13 +93,53 @@ def installed_names(pm: pluggy.PluginManager, kind: str) -> list[str]:
     return sorted(names)
 
 
+def plugin_spec(pm: pluggy.PluginManager, kind: str, name: str) -> PluginSpec | None:
+    """What the ``kind`` plugin called ``name`` declares it takes (``None``: nothing declared)."""
+    spec = pm.hook.ketten_plugin_spec(kind=kind, name=name)
+    if spec is not None and not isinstance(spec, PluginSpec):
+        raise ConfigError(f"the {kind} plugin {name!r} declares its options with a "
+                          f"{type(spec).__name__}, not a ketten.PluginSpec")
+    return spec
+
+
+def check_clock(kind: str, name: str, spec: PluginSpec, clock: str | None) -> None:
+    """Refuse a plugin that needs a clock the node does not run (:class:`ConfigError`)."""
+    if spec.clocks and clock not in spec.clocks:
+        wanted = " or ".join(repr(c) for c in spec.clocks)
+        raise ConfigError(f"the {kind} plugin {name!r} orders events by their clock stamps and "
+                          f"needs clock={wanted} on every node of the network; this node has "
+                          f"clock={clock!r}: set NodeConfig(clock={spec.clocks[0]!r})")
+
+
+def check_selected(pm: pluggy.PluginManager, kind: str, name: str, clock: str | None) -> None:
+    """Check a plugin the node will build later (the default delivery): that it is
+    installed and that the node runs the clock it needs. Raises
+    :class:`~ketten.errors.PluginNotFound` or :class:`~ketten.errors.ConfigError`."""
+    if name not in installed_names(pm, kind):
+        raise PluginNotFound(kind, name, installed_names(pm, kind), broken_plugins(pm))
+    spec = plugin_spec(pm, kind, name)
+    if spec is not None:
+        check_clock(kind, name, spec, clock)
+
+
 def make_plugin(
     pm: pluggy.PluginManager, kind: str, name: str, options: Mapping[str, Any], node: NodeContext
 ) -> Any:
-    """Build the ``kind`` plugin called ``name``.
+    """Build the ``kind`` plugin called ``name``, after checking ``options`` against its spec.
 
-    Raises :class:`~ketten.errors.PluginNotFound` listing the installed names.
+    Raises :class:`~ketten.errors.PluginNotFound` listing the installed names
+    and :class:`~ketten.errors.ConfigError` for options the plugin does not take.
     """
+    spec = plugin_spec(pm, kind, name)
+    if spec is not None:
+        check_options(kind, name, options, spec)
+        check_clock(kind, name, spec, node.config.clock)
+    elif name in installed_names(pm, kind):
+        unchecked = _UNCHECKED.setdefault(pm, set())
+        if (kind, name) not in unchecked:
+            unchecked.add((kind, name))
+            _log.warning("the %s plugin %r declares no options (ketten_plugin_spec): "
+                         "its options are not checked", kind, name)
     factory = getattr(pm.hook, f"ketten_make_{kind}")
     made = factory(name=name, options=options, node=node)
     if made is None:
