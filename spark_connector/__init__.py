@@ -27,6 +27,10 @@ column          type       meaning
 ==============  =========  ======================================================
 ``criterion``   string     criterion key, 64 lowercase hex digits
                            (``sha2('orders', 256)`` in SQL is the key of ``orders``)
+``name``        string     the criterion's name where the query gives it (the
+                           ``criteria`` option, or a filter ``name = 'orders'`` /
+                           ``name IN (...)``, which selects that chain); else
+                           null: stored events carry only keys
 ``seq``         long       height in the chain, 0 = genesis
 ``hash``        string     event hash (hex)
 ``prev``        string     hash of the predecessor (hex); null for a genesis
@@ -94,11 +98,17 @@ option                     default      meaning
 ``puzzleDifficulty``       0            the network's id-puzzle difficulty
 =========================  ===========  ==================================================
 
-Filters on ``criterion`` (``=``, ``IN``) and ``seq`` (``=``, ``<``, ``<=``,
-``>``, ``>=``) are pushed into the source and applied exactly: only the
-chains and seq ranges asked for are read (Spark 4.1+ with
+Filters on ``criterion`` and ``name`` (``=``, ``IN``) and ``seq`` (``=``,
+``<``, ``<=``, ``>``, ``>=``) are pushed into the source and applied
+exactly: only the chains and seq ranges asked for are read (Spark 4.1+ with
 ``spark.sql.python.filterPushdown.enabled``, which :func:`local_session`
-sets).
+sets; see :func:`register` for a Spark issue with reused DataFrames).
+
+Nothing is silently empty by mistake: an unknown option, a store path that
+does not exist, a criterion of ``criteria``/``keys`` that none of the
+sources holds (batch reads; a stream waits for it), and a filter
+``criterion = 'orders'`` (a name where the column holds keys) raise
+:class:`~ketten.errors.UsageError` naming the problem.
 
 Streaming offsets are ``{criterion hex: height}`` JSON objects with sorted
 keys. ``trigger(availableNow=True)`` reads what exists when the query

@@ -103,6 +103,8 @@ class ReadOptions:
     peers: tuple[str, ...] = ()
     keys: frozenset[bytes] | None = None
     """Criterion keys to read; ``None`` reads every chain."""
+    names: Mapping[bytes, str] = attrs.field(factory=dict)
+    """The names given in ``criteria``, by key (the ``name`` column)."""
     starting_seq: int = 0
     ending_seq: int | None = None
     """Exclusive upper bound on seq, or ``None`` for the head."""
@@ -148,8 +150,11 @@ class ReadOptions:
         if not paths and not peers:
             raise UsageError("the ketten source needs the option path, paths or peers")
         keys: set[bytes] | None = None
+        names: dict[bytes, str] = {}
         if "criteria" in given:
-            keys = {criterion_key(name) for name in _split_list("criteria", given["criteria"])}
+            names = {criterion_key(name): name
+                     for name in _split_list("criteria", given["criteria"])}
+            keys = set(names)
         if "keys" in given:
             keys = (keys or set()) | {_key(k.lower()) for k in _split_list("keys", given["keys"])}
         starting = _int("startingSeq", given.get("startingseq", "0"), minimum=0)
@@ -187,6 +192,7 @@ class ReadOptions:
             paths=tuple(dict.fromkeys(paths)),
             peers=peers,
             keys=frozenset(keys) if keys is not None else None,
+            names=names,
             starting_seq=starting,
             ending_seq=ending,
             verify=Verify.parse(given.get("verify", "links").strip()),

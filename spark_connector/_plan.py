@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from ketten.errors import KettenError
+from ketten import criterion_key
+from ketten.errors import KettenError, UsageError
 from ketten.interfaces import StoreReader
 
 from ._options import ReadOptions
@@ -38,17 +40,36 @@ class Pushdown:
     seq_lo: int = 0
     seq_hi: int | None = None
     """Exclusive upper bound on ``seq``, or ``None``."""
+    names: Mapping[bytes, str] | None = None
+    """Allowed values of the ``name`` column, by key, or ``None`` for any."""
 
     def allows(self, criterion: bytes) -> bool:
-        return self.criteria is None or criterion.hex() in self.criteria
+        return ((self.criteria is None or criterion.hex() in self.criteria)
+                and (self.names is None or criterion in self.names))
+
+
+_HEX_KEY = re.compile(r"[0-9a-fA-F]{64}")
+
+
+def _criterion_values(values: frozenset[str]) -> frozenset[str]:
+    for value in values:
+        if not _HEX_KEY.fullmatch(value):
+            raise UsageError(
+                f"criterion = {value!r:.80} can match nothing: the criterion column holds "
+                f"keys, 64 hex digits; filter on the name column "
+                f"(name = {value!r:.80}), or read with the option criteria={value!r:.80}")
+    return values
 
 
 def push_filters(filters: Iterable[Any]) -> tuple[Pushdown, list[Any]]:
     """Split Spark filters into what the source applies and what Spark must apply.
 
-    Accepted: comparisons and ``IN`` on ``criterion`` (string equality) and
-    on ``seq`` (integer bounds), and ``IS NOT NULL`` on either (never null).
-    Everything else is returned, in order, for Spark to evaluate.
+    Accepted: ``=`` and ``IN`` on ``criterion`` and on ``name`` (string
+    equality; a name selects the chain of its key, whose rows then carry it),
+    comparisons on ``seq`` (integer bounds), and ``IS NOT NULL`` on
+    ``criterion`` or ``seq`` (never null). Everything else is returned, in
+    order, for Spark to evaluate. Raises :class:`~ketten.errors.UsageError`
+    for a ``criterion`` value that is not a key (it could match nothing).
     """
     try:
         from pyspark.sql.datasource import (
@@ -64,6 +85,7 @@ def push_filters(filters: Iterable[Any]) -> tuple[Pushdown, list[Any]]:
     except ImportError:  # pyspark < 4.1 never calls pushFilters
         return Pushdown(), list(filters)
     criteria: frozenset[str] | None = None
+    names: dict[bytes, str] | None = None
     lo: int = 0
     hi: int | None = None
     rejected: list[Any] = []
@@ -84,7 +106,17 @@ def push_filters(filters: Iterable[Any]) -> tuple[Pushdown, list[Any]]:
             else:
                 rejected.append(f)
                 continue
+            values = _criterion_values(values)
             criteria = values if criteria is None else criteria & values
+        elif column == ("name",):
+            if isinstance(f, EqualTo | EqualNullSafe) and isinstance(f.value, str):
+                named = {criterion_key(f.value): f.value}
+            elif isinstance(f, In) and all(isinstance(v, str) or v is None for v in f.value):
+                named = {criterion_key(v): v for v in f.value if v is not None}
+            else:
+                rejected.append(f)
+                continue
+            names = named if names is None else {k: v for k, v in named.items() if k in names}
         elif column == ("seq",):
             if isinstance(f, IsNotNull):
                 continue
@@ -108,7 +140,7 @@ def push_filters(filters: Iterable[Any]) -> tuple[Pushdown, list[Any]]:
             rejected.append(f)
     if hi is not None:
         hi = max(hi, 0)
-    return Pushdown(criteria, lo, hi), rejected
+    return Pushdown(criteria, lo, hi, names), rejected
 
 
 @attrs.frozen

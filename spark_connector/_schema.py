@@ -14,7 +14,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-__all__ = ["arrow_schema", "spark_schema"]
+__all__ = ["NAME_FIELD", "arrow_schema", "spark_schema"]
 
 _COLUMNS = [
     StructField("criterion", StringType(), nullable=False),
@@ -29,6 +29,8 @@ _COLUMNS = [
     StructField("replicas", IntegerType(), nullable=False),
 ]
 _ORPHAN = StructField("orphan", BooleanType(), nullable=False)
+_NAME = StructField("name", StringType(), nullable=True)
+NAME_FIELD = pa.field("name", pa.string(), nullable=True)
 
 _ARROW = [
     pa.field("criterion", pa.string(), nullable=False),
@@ -46,10 +48,15 @@ _ARROW_ORPHAN = pa.field("orphan", pa.bool_(), nullable=False)
 
 
 def spark_schema(*, orphans: bool) -> StructType:
-    """The Spark schema; the ``orphan`` column exists only with ``includeOrphans``."""
-    return StructType([*_COLUMNS, _ORPHAN] if orphans else list(_COLUMNS))
+    """The Spark schema; the ``orphan`` column exists only with ``includeOrphans``.
+
+    ``name`` follows ``criterion``; the stored events carry only keys, so the
+    source adds it (see :func:`arrow_schema`)."""
+    columns = [_COLUMNS[0], _NAME, *_COLUMNS[1:]]
+    return StructType([*columns, _ORPHAN] if orphans else columns)
 
 
 def arrow_schema(*, orphans: bool) -> pa.Schema:
-    """The Arrow schema Spark expects for :func:`spark_schema` (UTC timestamps)."""
+    """The Arrow schema of the decoded batches (UTC timestamps): :func:`spark_schema`
+    without ``name``, which the source inserts as column 1 (:data:`NAME_FIELD`)."""
     return pa.schema([*_ARROW, _ARROW_ORPHAN] if orphans else _ARROW)

@@ -19,9 +19,16 @@ _PUSHDOWN = "spark.sql.python.filterPushdown.enabled"
 def register(spark: SparkSession) -> None:
     """Make ``format("ketten")`` and ``USING ketten`` available in ``spark``.
 
-    Filters are pushed into the source when ``spark.sql.python.filterPushdown.enabled``
-    is true at registration (Spark rejects pushdown-capable Python readers
-    otherwise); register again after changing that setting.
+    Filters on ``criterion``, ``name`` and ``seq`` are pushed into the source
+    when ``spark.sql.python.filterPushdown.enabled`` is true at registration
+    (Spark rejects pushdown-capable Python readers otherwise; :func:`local_session`
+    sets it); a filter on ``name`` can only be answered that way, since stored
+    events carry only keys. Register again after changing that setting.
+
+    Spark 4.0 to 4.3 keep the plan of a scan that pushed filters on the
+    DataFrame ``load()`` returned and reuse it for a later query of that same
+    DataFrame that pushes none: ``df.where("seq < 5").count()`` followed by
+    ``df.count()`` counts 5 rows. Call ``load()`` again for such a query.
     """
     enabled = str(spark.conf.get(_PUSHDOWN, "false")).strip().lower() == "true"
     spark.dataSource.register(KettenPushdownDataSource if enabled else KettenDataSource)

@@ -36,7 +36,7 @@ from ._plan import (
 )
 from ._reconcile import ChainView
 from ._scan import read_slices
-from ._schema import spark_schema
+from ._schema import NAME_FIELD, spark_schema
 from ._stores import open_readers
 
 __all__ = ["KettenDataSource", "KettenPartition", "KettenPushdownDataSource"]
@@ -64,6 +64,32 @@ _NO_PUSHDOWN = Pushdown()
 def _survey(options: ReadOptions, pushdown: Pushdown = _NO_PUSHDOWN) -> dict[bytes, ChainView]:
     with open_readers(options.store_paths()) as readers:
         return survey(readers, options.keys, pushdown)
+
+
+def _named(batches: Iterator[pa.RecordBatch], names: Mapping[str, str]) -> Iterator[pa.RecordBatch]:
+    """Each batch (rows of one chain) with the ``name`` column inserted after ``criterion``."""
+    for batch in batches:
+        n = batch.num_rows
+        name = names.get(batch.column(0)[0].as_py()) if n else None
+        column = (pa.nulls(n, pa.string()) if name is None
+                  else pa.repeat(pa.scalar(name, pa.string()), n))
+        yield batch.add_column(1, NAME_FIELD, column)
+
+
+def _missing(options: ReadOptions, pushdown: Pushdown, views: Mapping[bytes, ChainView]) -> None:
+    """Raise :class:`UsageError` for a criterion the options ask for that no store holds."""
+    if options.keys is None:
+        return
+    missing = sorted(k for k in options.keys if k not in views and pushdown.allows(k))
+    if not missing:
+        return
+    key = missing[0]
+    what = (f"criterion {options.names[key]!r} (key {key.hex()})" if key in options.names
+            else f"criterion key {key.hex()}")
+    where = ", ".join([*options.paths, *(f"peer {p}" for p in options.peers)])
+    more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+    raise UsageError(f"{what}{more} is held by none of the sources read ({where}); "
+                     f"names are hashed exactly as written (case and spaces count)")
 
 
 def _heights(views: Mapping[bytes, ChainView]) -> dict[str, int]:
@@ -140,12 +166,15 @@ class KettenReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         views = _survey(self._options, self._pushdown)
+        _missing(self._options, self._pushdown, views)
         slices = batch_slices(views, self._options, self._pushdown)
         return _partitions(slices, self._options) or [KettenPartition(())]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KettenPartition)
-        return read_slices(partition.slices, self._options)
+        names = {**self._options.names, **(self._pushdown.names or {})}
+        return _named(read_slices(partition.slices, self._options),
+                      {k.hex(): v for k, v in names.items()})
 
 
 class KettenPushdownReader(KettenReader):
@@ -211,7 +240,8 @@ class KettenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KettenPartition)
-        return read_slices(partition.slices, self._options)
+        return _named(read_slices(partition.slices, self._options),
+                      {k.hex(): v for k, v in self._options.names.items()})
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the stores are read, never consumed."""

@@ -57,7 +57,8 @@ def expected_row(event: Event, replicas: int) -> tuple[Any, ...]:
 
 
 def plain(row: Any) -> tuple[Any, ...]:
-    return tuple(bytes(v) if isinstance(v, bytearray) else v for v in row[:10])
+    return tuple(bytes(v) if isinstance(v, bytearray) else v
+                 for v in (row[field] for field in ROW_FIELDS))
 
 
 def rows_of(df: Any) -> list[tuple[Any, ...]]:
@@ -259,6 +260,37 @@ def test_filter_pushdown_returns_the_same_rows_as_without_it(spark: Any, tmp_pat
     corrupt(node, b"z:0:1:" * 3)
     pruned = spark.read.format("ketten").option("path", node).load().where(queries[0])
     assert [r[1] for r in rows_of(pruned)] == [3, 4, 5, 6, 7, 8]
+
+
+def test_criteria_by_name_and_errors_instead_of_empty_frames(spark: Any, tmp_path: Any) -> None:
+    node = str(tmp_path / "node")
+    trio.run(write_chains, "sqlite", [node], [(0, "orders", 5), (0, "payments", 3)])
+    read = spark.read.format("ketten").option("path", node)
+    by_option = read.option("criteria", "orders").load()
+    assert sorted((r["name"], r["seq"]) for r in by_option.collect()) == [
+        ("orders", i) for i in range(5)]
+    def everything() -> Any:  # a DataFrame per query: see ketten.spark.register on Spark 4.3
+        return spark.read.format("ketten").option("path", node).load()
+
+    # Stored events hold keys only: a name is known where the query gives it.
+    assert {r["name"] for r in everything().collect()} == {None}
+    named = everything().where("name = 'orders'")
+    assert rows_of(named) == rows_of(by_option)
+    assert {r["name"] for r in named.collect()} == {"orders"}
+    assert everything().where("name IN ('orders', 'payments')").count() == 8
+    everything().createOrReplaceTempView("named_events")
+    assert spark.sql("SELECT count(*) AS n FROM named_events WHERE name = 'payments'"
+                     ).collect()[0]["n"] == 3
+    with pytest.raises(Exception, match=r"criterion column holds keys.*name = 'orders'"):
+        everything().where("criterion = 'orders'").collect()
+    with pytest.raises(Exception, match=r"criterion 'Orders' \(key [0-9a-f]{64}\) is held by "
+                       r"none of the sources read"):
+        spark.read.format("ketten").option("path", node).option("criteria", "Orders").load(
+        ).collect()
+    with pytest.raises(Exception, match="does not exist"):
+        spark.read.format("ketten").option("path", str(tmp_path / "nowhere")).load()
+    with pytest.raises(Exception, match=r"unknown option.*critera"):
+        spark.read.format("ketten").option("path", node).option("critera", "orders").load()
 
 
 def test_analytics_example_runs_and_finds_the_lagging_replica() -> None:

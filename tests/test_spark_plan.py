@@ -55,9 +55,27 @@ def test_pushdown_keeps_only_what_it_applies_exactly() -> None:
     pushed, rejected = push_filters(filters)
     assert (pushed.criteria, pushed.seq_lo, pushed.seq_hi) == (frozenset({key}), 3, 8)
     assert rejected == [filters[5], filters[6], filters[7]]
-    pushed, _ = push_filters([d.In(("criterion",), ("a", "b")), d.EqualTo(("criterion",), "c"),
+    a, b, c = ("0a" * 32, "0b" * 32, "0c" * 32)
+    pushed, _ = push_filters([d.In(("criterion",), (a, b)), d.EqualTo(("criterion",), c),
                               d.LessThan(("seq",), -4)])
     assert (pushed.criteria, pushed.seq_hi) == (frozenset(), 0)
+
+
+def test_a_name_filter_selects_its_key_and_a_criterion_filter_needs_a_key() -> None:
+    d = datasource
+    pushed, rejected = push_filters([d.In(("name",), ("orders", "payments", None)),
+                                     d.EqualTo(("name",), "orders"), d.IsNotNull(("name",))])
+    assert pushed.names == {criterion_key("orders"): "orders"}
+    assert len(rejected) == 1 and isinstance(rejected[0], d.IsNotNull)
+    assert pushed.allows(criterion_key("orders")) and not pushed.allows(criterion_key("payments"))
+    for value in ("orders", "ab" * 31):
+        with pytest.raises(UsageError, match=r"the criterion column holds keys, 64 hex digits; "
+                           r"filter on the name column \(name = '" + value):
+            push_filters([d.EqualTo(("criterion",), value)])
+    with pytest.raises(UsageError, match="name = 'orders'"):
+        push_filters([d.In(("criterion",), ("ab" * 32, "orders"))])
+    assert ReadOptions.parse({"path": "/a", "criteria": "orders, Payments"}).names == {
+        criterion_key("orders"): "orders", criterion_key("Payments"): "Payments"}
 
 
 def test_trigger_limit_is_shared_in_proportion_and_never_goes_back() -> None:
