@@ -1,146 +1,134 @@
-"""The ``ketten`` command line.
+"""The ``ketten`` command line: the command group, and errors turned into exit codes.
 
-Exit codes: 0 success; 1 a check found a problem (``verify``, ``chains``);
-2 bad usage or an error, printed as one line on stderr (no traceback);
-130 interrupted.
+Exit codes: 0 success; 1 a check found a problem (``verify``, ``chains``, or
+failed simulation runs in ``sim``); 2 bad usage or an error, printed as one
+line ``ketten: error: ...`` on stderr (no traceback); 130 interrupted
+(``tail`` and ``serve`` stop on Ctrl-C or SIGTERM with 0).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
-from ._core.chain import Verify, scan_encoded_chain
-from ._core.identity import Identity
-from ._node.plugins import KINDS, broken_plugins, installed_names, plugin_manager
+import click
+
+from . import __version__
+from ._cli_local import keygen, plugins
+from ._cli_network import publish, read, tail
+from ._cli_sim import sim
+from ._cli_store import chains, verify
+from ._serve import serve
 from .errors import KettenError
-from .interfaces import StoreReader
 
-__all__ = ["main"]
+__all__ = ["cli", "main"]
 
-
-def _cmd_plugins(args: argparse.Namespace) -> int:
-    pm = plugin_manager()
-    broken = broken_plugins(pm)
-    if args.json:
-        print(json.dumps({**{kind: installed_names(pm, kind) for kind in KINDS},
-                          "broken": broken}))
-        return 0
-    for kind in KINDS:
-        print(f"{kind:10} {', '.join(installed_names(pm, kind)) or '-'}")
-    for name, why in sorted(broken.items()):
-        print(f"broken     {name}: {why}")
-    return 0
+OK, ERROR, INTERRUPTED = 0, 2, 130
+# A bare ``ketten``: click 8.2 and later raise this; 8.1 prints the help and exits.
+_NO_ARGS_IS_HELP: tuple[type[click.UsageError], ...] = (
+    (click.exceptions.NoArgsIsHelpError,) if hasattr(click.exceptions, "NoArgsIsHelpError")
+    else ())
 
 
-def _cmd_keygen(args: argparse.Namespace) -> int:
-    identity = Identity.generate()
-    identity.save(args.path)
-    print(identity.node_id.hex())
-    return 0
+class _Commands(click.Group):
+    """Lists its commands in the order they were added, not alphabetically."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
 
 
-def _readers(paths: Sequence[str]) -> Iterator[tuple[str, StoreReader | None]]:
-    """Each path with a reader from the store plugin that recognises it (closed after use)."""
-    pm = plugin_manager()
-    for path in paths:
-        reader = pm.hook.ketten_open_store_reader(path=path)
-        if reader is None:
-            print(f"{path}: not a ketten store directory (no installed store plugin reads it)")
-            yield path, None
-            continue
-        try:
-            yield path, reader
-        finally:
-            reader.close()
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"],
+                                               "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="ketten",
+                      message="%(prog)s %(version)s")
+def cli() -> None:
+    """ketten: signed, replicated hash chains per criterion on a peer-to-peer overlay.
+
+    publish, read and tail join a network through --bootstrap with a node of
+    their own; chains and verify read store directories offline.
+
+    \b
+    Exit codes:
+      0    success
+      1    a check found a problem (verify, chains, sim)
+      2    bad usage or an error (one line on stderr)
+      130  interrupted (tail and serve exit 0 on Ctrl-C or SIGTERM)
+    """
 
 
-def _cmd_chains(args: argparse.Namespace) -> int:
-    """List the chains of store directories with their heights and head hashes."""
-    failures = 0
-    for path, reader in _readers(args.paths):
-        if reader is None:
-            failures += 1
-            continue
-        heads = reader.heads()
-        if args.json:
-            print(json.dumps({"path": path, "chains": [
-                {"criterion": c.hex(), "events": heads[c][0] + 1, "head": heads[c][1].hex()}
-                for c in sorted(heads)]}))
-            continue
-        print(f"{path}: {len(heads)} chains")
-        for criterion in sorted(heads):
-            seq, head = heads[criterion]
-            print(f"  {criterion.hex()}  {seq + 1:>10} events  head {head.hex()[:16]}")
-    return 1 if failures else 0
+for _command in (serve, publish, read, tail, chains, verify, keygen, plugins, sim):
+    cli.add_command(_command)
 
 
-def _cmd_verify(args: argparse.Namespace) -> int:
-    """Check every chain of one or more store directories, offline."""
-    verify = Verify.parse(args.verify)
-    failures = 0
-    for path, reader in _readers(args.paths):
-        if reader is None:
-            failures += 1
-            continue
-        for criterion in reader.criteria():
-            encoded = (raw for _, raw in reader.read_encoded(criterion))
-            try:
-                count = sum(1 for _ in scan_encoded_chain(encoded, verify=verify))
-            except KettenError as exc:
-                failures += 1
-                print(f"{path}: chain {criterion.hex()}: FAILED: {exc}")
-            else:
-                print(f"{path}: chain {criterion.hex()}: {count} events ok")
-    return 1 if failures else 0
+def _error(message: str) -> int:
+    click.echo(f"ketten: error: {message}", err=True)
+    return ERROR
+
+
+def _os_error(exc: OSError) -> str:
+    where = f"{exc.filename}: " if exc.filename else ""
+    return f"{where}{exc.strerror or exc}"
+
+
+def _leaf(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """The first exception in ``group`` that has an exit code of its own."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found = _leaf(exc)
+            if found is not None:
+                return found
+        elif isinstance(exc, KettenError | OSError | KeyboardInterrupt | click.ClickException):
+            return exc
+    return None
+
+
+def _code(exc: BaseException) -> int | None:
+    """The exit code for ``exc`` (its message printed), or ``None`` if it is a bug."""
+    if isinstance(exc, click.UsageError) and isinstance(exc, _NO_ARGS_IS_HELP):
+        click.echo(exc.ctx.get_help() if exc.ctx is not None else exc.format_message(),
+                   err=True)
+        return ERROR
+    if isinstance(exc, click.UsageError):
+        message = exc.format_message()
+        if exc.ctx is not None:
+            message += f" (see {exc.ctx.command_path} --help)"
+        return _error(message)
+    if isinstance(exc, click.ClickException):
+        return _error(exc.format_message())
+    if isinstance(exc, click.exceptions.Abort | KeyboardInterrupt):
+        return INTERRUPTED
+    if isinstance(exc, BrokenPipeError):
+        # The reader of our output went away (``ketten read X | head``): not an error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return OK
+    if isinstance(exc, KettenError):
+        return _error(str(exc))
+    if isinstance(exc, OSError):
+        return _error(_os_error(exc))
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from . import __version__
-
-    parser = argparse.ArgumentParser(prog="ketten", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"ketten {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("plugins", help="list the installed plugins by kind")
-    p.add_argument("--json", action="store_true", help="one JSON object: kind -> names")
-    p.set_defaults(run=_cmd_plugins)
-    p = sub.add_parser("keygen", help="write a new private key file (mode 0600)")
-    p.add_argument("path")
-    p.set_defaults(run=_cmd_keygen)
-    p = sub.add_parser("chains", help="list the chains in store directories")
-    p.add_argument("paths", nargs="+")
-    p.add_argument("--json", action="store_true", help="one JSON object per directory")
-    p.set_defaults(run=_cmd_chains)
-    p = sub.add_parser("verify", help="verify every chain in store directories")
-    p.add_argument("paths", nargs="+")
-    p.add_argument("--verify", default="full", choices=[v.value for v in Verify])
-    p.set_defaults(run=_cmd_verify)
-    from ._serve import add_serve_parser
-
-    add_serve_parser(sub)
-    sub.add_parser("sim", help="seeded fault simulation with the Jepsen-style checker "
-                   "(ketten sim --help for its options)", add_help=False)
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list[:1] == ["sim"]:
-        from .testing.jepsen import main as simulate
-
-        return simulate(args_list[1:])
-    args = parser.parse_args(args_list)
+    """Run the command line with ``argv`` (default ``sys.argv[1:]``); return the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        code: int = args.run(args)
-    except KettenError as exc:
-        print(f"ketten: error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        where = f" {exc.filename}" if exc.filename else ""
-        print(f"ketten: error:{where}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
-    return code
+        result = cli.main(args, prog_name="ketten", standalone_mode=False)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (OK if exc.code is None else ERROR)
+    except BaseExceptionGroup as group:
+        leaf = _leaf(group)
+        code = None if leaf is None else _code(leaf)
+        if code is None:
+            raise
+        return code
+    except BaseException as exc:
+        code = _code(exc)
+        if code is None:
+            raise
+        return code
+    return result if isinstance(result, int) else OK
 
 
 if __name__ == "__main__":  # pragma: no cover

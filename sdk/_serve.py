@@ -15,7 +15,6 @@ marks written); the exit status is then 0.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import signal
@@ -24,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import click
 import trio
 
 from ._core.identity import Identity
@@ -31,44 +31,30 @@ from ._node.config import NodeConfig
 from ._node.node import open_node
 from .errors import ConfigError, KettenError
 
-__all__ = ["add_serve_parser", "build_config", "serve"]
+__all__ = ["build_config", "serve", "serve_settings"]
+
+_FLAGS = ("listen", "advertise", "overlay", "store", "data", "key", "replication",
+          "request_timeout", "log_level")
 
 
-def add_serve_parser(sub: Any) -> None:
-    p = sub.add_parser("serve", help="run a node until SIGTERM (logs to stderr)",
-                       description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--config", help="JSON file with settings (flags override it)")
-    p.add_argument("--listen", help="address to listen at (default 127.0.0.1:0)")
-    p.add_argument("--advertise", help="address peers should dial (default: the bound one)")
-    p.add_argument("--bootstrap", action="append", default=None,
-                   help="address of a node to join through (repeat, or comma-separated)")
-    p.add_argument("--overlay", help="overlay plugin (default kademlia)")
-    p.add_argument("--store", help="store plugin (default sqlite)")
-    p.add_argument("--data", help="store directory")
-    p.add_argument("--key", help="private key file (created if missing)")
-    p.add_argument("--replication", type=int, help="brokers per chain, r (default 3)")
-    p.add_argument("--request-timeout", type=float, dest="request_timeout")
-    p.add_argument("--log-level", dest="log_level", help="DEBUG, INFO (default), WARNING")
-    p.set_defaults(run=serve)
-
-
-def _settings(args: argparse.Namespace) -> dict[str, Any]:
+def serve_settings(config: str | None, bootstrap: Sequence[str] | None,
+                   flags: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings of ``--config`` with the flags given on top (``None``: not given)."""
     settings: dict[str, Any] = {}
-    if args.config:
+    if config:
         try:
-            loaded = json.loads(Path(args.config).read_text())
+            loaded = json.loads(Path(config).read_text())
         except (OSError, ValueError) as exc:
-            raise ConfigError(f"{args.config}: cannot read the configuration: {exc}") from None
+            raise ConfigError(f"{config}: cannot read the configuration: {exc}") from None
         if not isinstance(loaded, dict):
-            raise ConfigError(f"{args.config}: the configuration must be a JSON object")
+            raise ConfigError(f"{config}: the configuration must be a JSON object")
         settings.update(loaded)
-    for name in ("listen", "advertise", "overlay", "store", "data", "key", "replication",
-                 "request_timeout", "log_level"):
-        value = getattr(args, name, None)
+    for name in _FLAGS:
+        value = flags.get(name)
         if value is not None:
             settings[name] = value
-    if args.bootstrap:
-        settings["bootstrap"] = [a for item in args.bootstrap for a in item.split(",") if a]
+    if bootstrap:
+        settings["bootstrap"] = [a for item in bootstrap for a in item.split(",") if a]
     return settings
 
 
@@ -130,17 +116,36 @@ async def _run(config: NodeConfig) -> None:
                 return
 
 
-def serve(args: argparse.Namespace) -> int:
-    """Run a node from flags and a config file until SIGTERM or SIGINT."""
-    settings = _settings(args)
+@click.command("serve")
+@click.option("--config", help="JSON file with settings (flags override it)")
+@click.option("--listen", help="address to listen at (default 127.0.0.1:0)")
+@click.option("--advertise", help="address peers should dial (default: the bound one)")
+@click.option("--bootstrap", "-b", multiple=True,
+              help="address of a node to join through (repeat, or comma-separated)")
+@click.option("--overlay", help="overlay plugin (default kademlia)")
+@click.option("--store", help="store plugin (default sqlite)")
+@click.option("--data", help="store directory")
+@click.option("--key", help="private key file (created if missing)")
+@click.option("--replication", type=int, help="brokers per chain, r (default 3)")
+@click.option("--request-timeout", type=float, help="seconds to wait for one peer's reply")
+@click.option("--log-level", help="DEBUG, INFO (default), WARNING or ERROR")
+def serve(config: str | None, bootstrap: tuple[str, ...], **flags: Any) -> int:
+    """Run a node until SIGTERM or SIGINT (logs to stderr).
+
+    Flags override the JSON --config file, which may also hold "options" (per
+    plugin kind, as ketten.NodeConfig takes them). Once serving, one line
+    "ketten: serving at ADDRESS node NODE_ID" goes to stdout. SIGTERM or
+    SIGINT closes the node cleanly; the exit status is then 0.
+    """
+    settings = serve_settings(config, bootstrap, flags)
     level = str(settings.get("log_level", "INFO")).upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log level must be DEBUG, INFO, WARNING or ERROR, not {level!r}")
+    node_config = build_config(settings)
     logging.basicConfig(stream=sys.stderr, level=getattr(logging, level),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = build_config(settings)
     try:
-        trio.run(_run, config)
+        trio.run(_run, node_config)
     except KettenError:
         raise
     except BaseExceptionGroup as group:
@@ -149,11 +154,3 @@ def serve(args: argparse.Namespace) -> int:
             raise leaves[0] from None
         raise
     return 0
-
-
-def main(argv: Sequence[str]) -> int:  # pragma: no cover - through ketten._cli
-    parser = argparse.ArgumentParser(prog="ketten")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_serve_parser(sub)
-    args = parser.parse_args(argv)
-    return int(args.run(args))

@@ -13,8 +13,9 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from typing import NoReturn
 
 import attrs
 
@@ -87,10 +88,22 @@ def _configs(seeds: Sequence[int], families: Sequence[str], overlays: Sequence[s
                 yield SimConfig(seed=seed, family=family, overlay=overlay, **fields)  # type: ignore[arg-type]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+class _Parser(argparse.ArgumentParser):
+    """Reports bad usage in one line on stderr (exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "python -m ketten.testing.jepsen",
+         on_run: Callable[[int, int], None] | None = None) -> int:
+    """Run the simulations ``argv`` asks for; 0 if every run passed, 1 if any failed.
+
+    ``prog`` names the command in its help and errors. ``on_run(done, total)``
+    is called after each run (a progress display, say).
+    """
     defaults = SimConfig()
-    parser = argparse.ArgumentParser(prog="python -m ketten.testing.jepsen",
-                                     description=(__doc__ or "").split("\n\n")[0])
+    parser = _Parser(prog=prog, description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--seeds", default="0-9", help="seeds, e.g. 0-99 or 3,7,12-15")
     parser.add_argument("--family", default="all",
                         help=f"fault family: {', '.join(FAMILIES)} or all")
@@ -118,13 +131,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
     failed: list[SimConfig] = []
     started = time.monotonic()
+    done = 0
+    if on_run is not None:
+        on_run(0, len(configs))
 
     def report(outcome: Outcome) -> None:
+        nonlocal done
         print(outcome.line, flush=True)
         if not outcome.ok:
             failed.append(outcome.config)
             for problem in outcome.problems if args.verbose else outcome.problems[:5]:
                 print(f"    {problem}", flush=True)
+        done += 1
+        if on_run is not None:
+            on_run(done, len(configs))
 
     if jobs == 1 or len(configs) == 1:
         for config in configs:
@@ -136,8 +156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     elapsed = time.monotonic() - started
     if failed:
         first = failed[0]
-        print(f"FAILED {len(failed)} of {len(configs)} runs; replay one: python -m "
-              f"ketten.testing.jepsen --seeds {first.seed} --family {first.family} "
+        print(f"FAILED {len(failed)} of {len(configs)} runs; replay one: {prog} "
+              f"--seeds {first.seed} --family {first.family} "
               f"--overlay {first.overlay} --verbose")
         return 1
     print(f"all {len(configs)} runs passed in {elapsed:.0f} s")

@@ -1,0 +1,21 @@
+"""``ketten sim``: the seeded fault simulation of :mod:`ketten.testing.jepsen`."""
+
+from __future__ import annotations
+
+import click
+
+from ._cli_output import progress_bar
+
+__all__ = ["sim"]
+
+
+@click.command("sim", add_help_option=False,
+               context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+               short_help="Run the seeded fault simulation (see ketten sim --help).")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def sim(args: tuple[str, ...]) -> int:
+    """Run the seeded fault simulation with the Jepsen-style checker."""
+    from .testing.jepsen import main as simulate
+
+    with progress_bar("simulating") as bar:
+        return simulate(list(args), prog="ketten sim", on_run=bar.update)
