@@ -13,6 +13,7 @@ MAX_MESSAGE_SIZE = 4 << 20
 
 
 def encode_message(service: str, body: Any) -> bytes:
+    """The ``[service, body]`` envelope of a request or message, as CBOR bytes."""
     return _codec.dumps_wire([service, body])
 
 
@@ -25,7 +26,7 @@ def decode_message(data: bytes, *, max_size: int = MAX_MESSAGE_SIZE) -> tuple[st
 
 
 def field(body: Any, name: str, kind: type | tuple[type, ...], *, where: str) -> Any:
-    """``body[name]``, checked to be of ``kind``. Raises :class:`DecodeError`."""
+    """``body[name]``, checked to be of ``kind``. Raises :class:`~ketten.errors.DecodeError`."""
     if type(body) is not dict:
         raise DecodeError("expected a map", where=where)
     if name not in body:

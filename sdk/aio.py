@@ -1,5 +1,7 @@
 """ketten for asyncio programs: the node's methods as asyncio coroutines.
 
+::
+
     import asyncio, ketten, ketten.aio
 
     async def main():

@@ -1,5 +1,7 @@
 """ketten for programs that do not run trio: every method blocks until it is done.
 
+::
+
     import ketten.blocking
 
     with ketten.blocking.open_node(ketten.NodeConfig()) as node:

@@ -58,7 +58,7 @@ class Handler(Protocol):
     """What a transport delivers incoming frames to (the node implements it)."""
 
     async def handle_request(self, peer: Peer, data: bytes) -> bytes:
-        """Answer a request. A raised :class:`~ketten.KettenError` is sent back
+        """Answer a request. A raised :class:`~ketten.errors.KettenError` is sent back
         as an error reply; any other exception is a bug and closes the node."""
         ...
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import types
@@ -16,7 +17,7 @@ from ketten import ConfigError, NodeConfig, PluginNotFound, criterion_key, hooki
 from ketten._node.plugins import make_plugin
 from ketten.adapters.memory import MemoryNetwork
 
-HERE = Path(__file__).parent
+EXAMPLE_DIST = Path(__file__).parent.parent / "examples" / "plugin_dist"
 
 
 def test_builtins_are_registered_through_entry_points(plugins: pluggy.PluginManager) -> None:
@@ -62,37 +63,51 @@ def test_wrong_hook_signature_is_rejected() -> None:
 
 @pytest.mark.slow
 def test_separately_installed_distribution_is_discovered(tmp_path: Path) -> None:
+    # Built from a copy, so that the build leaves nothing in the source tree.
+    source = tmp_path / "dist"
+    shutil.copytree(EXAMPLE_DIST, source,
+                    ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache", "build",
+                                                  "*.egg-info"))
     target = tmp_path / "site"
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(target), str(HERE / "plugin_dist")],
+         "--no-index", "--target", str(target), str(source)],
         check=True,
         capture_output=True,
     )
     # A fresh interpreter with the distribution on its path, as an application would see it.
     script = """
-import sys, trio, ketten
-from ketten._node.plugins import make_plugin
+import trio, ketten
 from ketten.adapters.memory import MemoryNetwork
 pm = ketten.plugin_manager()
 assert "counting" in ketten.installed_names(pm, "store"), ketten.installed_names(pm, "store")
+assert not ketten.broken_plugins(pm), ketten.broken_plugins(pm)
 
 async def main():
-    config = ketten.NodeConfig(store="counting", options={"transport": {"network": MemoryNetwork()}})
+    config = ketten.NodeConfig(store="counting", options={"transport": {"network": MemoryNetwork()},
+                                                          "store": {"report_every": 1}})
     async with ketten.open_node(config, plugins=pm) as node:
         await node.append_local(ketten.criterion_key("c"), b"x")
         await node.append_local(ketten.criterion_key("c"), b"y")
-        print(type(node.store).__module__, type(node.store).appended)
+        print(type(node.store).__module__, node.store.appended)
+    try:
+        async with ketten.open_node(ketten.NodeConfig(
+                store="counting", options={"store": {"report_evry": 1}}), plugins=pm):
+            pass
+    except ketten.ConfigError as exc:
+        print("refused:", exc)
 
 trio.run(main)
 """
-    env_path = f"{target}"
     out = subprocess.run(
         [sys.executable, "-c", script],
         check=True, capture_output=True, text=True,
-        env={"PYTHONPATH": env_path, "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
     )
-    assert out.stdout.split() == ["ketten_counting_store", "2"]
+    lines = out.stdout.splitlines()
+    assert lines[0].split() == ["ketten_counting_store", "2"]
+    assert lines[1].startswith("refused: unknown store option 'report_evry'")
+    assert "did you mean 'report_every'" in lines[1]
 
 
 async def test_plugin_objects_can_be_registered_directly() -> None:

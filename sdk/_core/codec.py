@@ -54,7 +54,7 @@ def loads(data: bytes, *, max_size: int, where: str) -> Any:
 
     Oversized input, trailing bytes, indefinite-length items, tags (big
     integers, shared references and the rest), map keys other than strings,
-    nesting deeper than 32 and any decoder failure raise :class:`DecodeError` naming ``where``.
+    nesting deeper than 32 and any decoder failure raise :class:`~ketten.errors.DecodeError` naming ``where``.
     """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise DecodeError(f"expected bytes, got {type(data).__name__}", where=where)

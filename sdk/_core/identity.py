@@ -164,6 +164,7 @@ class Identity:
 
 
 def leading_zero_bits(data: bytes) -> int:
+    """How many of the leading bits of ``data`` are zero (all of them for zero bytes)."""
     value = int.from_bytes(data, "big")
     return len(data) * 8 - value.bit_length()
 

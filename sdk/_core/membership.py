@@ -211,7 +211,7 @@ class ChainState:
 
     @classmethod
     def decode(cls, data: bytes, *, where: str = "chain state") -> ChainState:
-        """Raises :class:`DecodeError` naming what is wrong."""
+        """Raises :class:`~ketten.errors.DecodeError` naming what is wrong."""
         value = codec.loads(data, max_size=1 << 16, where=where)
         if type(value) is not list or len(value) != 6 or value[0] != STATE_VERSION:
             raise DecodeError("not a chain state of a known version", where=where)

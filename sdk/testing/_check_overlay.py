@@ -347,8 +347,9 @@ async def check_overlay(
     ``plugins`` is the plugin manager the nodes use (default: the installed
     plugins); pass ``ketten.plugin_manager(extra=(your_plugin,))`` for a
     plugin that is not installed. The suite registers a helper plugin on it
-    for its duration. For an exact replay of a failure, also seed trio's
-    scheduler (:func:`~ketten.testing.seed_scheduler`) before ``trio.run``.
+    for its duration. For an exact replay of a failure, also make trio's
+    scheduling deterministic: run ``trio.run`` under
+    :func:`~ketten.testing.deterministic`.
 
     Raises :class:`~ketten.errors.UsageError` outside virtual time or with
     fewer than 8 nodes.

@@ -58,7 +58,7 @@ async def check_transport(factory: TransportFactory, *, large: int = 1 << 20,
     * ``request`` - a request is answered, and the handler and the caller each
       see the other's authenticated identity (:class:`~ketten.interfaces.Peer`
       with the right key);
-    * ``errors`` - a handler's :class:`~ketten.KettenError` comes back as
+    * ``errors`` - a handler's :class:`~ketten.errors.KettenError` comes back as
       :class:`~ketten.errors.RemoteError` naming it; an address nothing
       serves at is :class:`~ketten.errors.PeerUnreachable` (or silence:
       callers time out);
