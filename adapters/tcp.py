@@ -67,6 +67,7 @@ from ketten.errors import (
     UsageError,
 )
 from ketten.interfaces import Handler, Peer, Reply
+from ketten.logs import RateLimitedLog
 
 from ._framing import (
     HEADER_SIZE,
@@ -210,6 +211,7 @@ class TcpTransport:
     _handshaking: int = attrs.field(default=0, init=False)
     _handshaking_from: dict[str, int] = attrs.field(factory=dict, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
+    _events: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(_log), init=False)
 
     def __attrs_post_init__(self) -> None:
         parse_address(self.listen, listen=True)
@@ -404,18 +406,22 @@ class TcpTransport:
         except HandshakeRefused as exc:
             self._counts["handshakes_failed"] += 1
             if exc.by_peer:
-                _log.warning("%s refused us: %s", who, exc.reason)
+                self._events.warning("refused_by_peer", "%s refused us: %s", who, exc.reason,
+                                     key=f"refused-by:{who}", peer=who, reason=exc.reason)
             else:
-                _log.warning("refusing %s: %s", who, exc.reason)
+                self._events.warning("peer_refused", "refusing %s: %s", who, exc.reason,
+                                     key=f"refused:{who}", peer=who, reason=exc.reason)
             raise PeerUnreachable(f"handshake with {who} failed: {exc}") from None
         except (DecodeError, ProtocolError) as exc:
             self._counts["handshakes_failed"] += 1
-            _log.warning("malformed handshake from %s: %s", who, exc)
+            self._events.warning("peer_refused", "malformed handshake from %s: %s", who, exc,
+                                 key=f"malformed:{who}", peer=who, reason=str(exc))
             raise PeerUnreachable(f"handshake with {who} failed: {exc}") from None
         except trio.TooSlowError:
             self._counts["handshakes_failed"] += 1
             self._counts["handshakes_timed_out"] += 1
-            _log.warning("handshake with %s timed out after %s s", who, self.handshake_timeout)
+            self._events.warning("handshake_timeout", "handshake with %s timed out after %s s",
+                                 who, self.handshake_timeout, key=f"slow:{who}", peer=who)
             raise PeerUnreachable(f"handshake with {who} timed out") from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._counts["handshakes_failed"] += 1
@@ -519,8 +525,9 @@ class TcpTransport:
                 return
             if not self._make_room():
                 self._counts["connections_refused"] += 1
-                _log.warning("refusing an incoming connection: %d connections are open",
-                             len(self._open))
+                self._events.warning("connection_refused",
+                                     "refusing an incoming connection: %d connections are open",
+                                     len(self._open), peer=source, open=len(self._open))
                 await self._refuse(stream, "too many connections")
                 return
             self._handshaking_from[source] = self._handshaking_from.get(source, 0) + 1
@@ -584,13 +591,17 @@ class TcpTransport:
                         _unexpected(frame)
         except _Stalled as exc:
             self._counts["stalled_frames"] += 1
-            _log.warning("closing the connection with %s (%s): %s",
-                         conn.peer.address, conn.peer.node_id.hex()[:16], exc)
+            self._events.warning("connection_closed", "closing the connection with %s (%s): %s",
+                                 conn.peer.address, conn.peer.node_id.hex()[:16], exc,
+                                 key=f"closed:{conn.peer.address}", peer=conn.peer.address,
+                                 node=conn.peer.node_id.hex(), reason=str(exc))
             return str(exc)
         except (DecodeError, ProtocolError) as exc:
             self._counts["malformed_frames"] += 1
-            _log.warning("closing the connection with %s (%s): %s",
-                         conn.peer.address, conn.peer.node_id.hex()[:16], exc)
+            self._events.warning("connection_closed", "closing the connection with %s (%s): %s",
+                                 conn.peer.address, conn.peer.node_id.hex()[:16], exc,
+                                 key=f"closed:{conn.peer.address}", peer=conn.peer.address,
+                                 node=conn.peer.node_id.hex(), reason=str(exc))
             return f"malformed frame: {exc}"
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             return str(exc) or "closed"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging as _logging
 
-from . import errors, hookspecs, interfaces, wire
+from . import errors, hookspecs, interfaces, logs, wire
 from ._core.chain import (
     AncestorSearch,
     Chain,
@@ -141,6 +141,7 @@ __all__ = [
     "installed_names",
     "interfaces",
     "leading_zero_bits",
+    "logs",
     "make_locator",
     "node_id_of",
     "open_node",

@@ -26,6 +26,7 @@ node can fetch it again from its peers.
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -42,6 +43,7 @@ from ketten.errors import (
     StoreError,
     StoreFormatError,
 )
+from ketten.logs import RateLimitedLog
 
 from .._store_records import DirLock, atomic_write, fsync_dir, store_path
 from . import _format as fmt
@@ -64,6 +66,7 @@ __all__ = ["FileReader", "FileStore"]
 T = TypeVar("T")
 _DEFAULT_SEGMENT_BYTES = 64 << 20
 _QUARANTINE_FILE = "quarantine"
+_events = RateLimitedLog(logging.getLogger("ketten.store"))
 _CURSORS = "cursors"
 
 
@@ -142,9 +145,14 @@ class FileStore:
             wfd = os.open(seg_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             if not numbers:
                 fsync_dir(path)
-            if os.fstat(wfd).st_size > valid_end:
+            size = os.fstat(wfd).st_size
+            if size > valid_end:
                 os.ftruncate(wfd, valid_end)
                 os.fsync(wfd)
+                _events.warning("store_repaired", "%s: cut %d bytes of a torn write (a batch "
+                                "without its COMMIT) off the end of %s", path,
+                                size - valid_end, seg_path, key=f"torn:{path}", path=path,
+                                segment=seg_path, bytes_cut=size - valid_end)
         except BaseException:
             if wfd is not None:
                 os.close(wfd)
@@ -365,7 +373,13 @@ class FileStore:
 
             bad = await self._thread(write)
             chain.orphans = [(loc, s, None if loc in bad else d) for loc, s, d in chain.orphans]
-            return index.quarantine(criterion, from_seq, height)
+            removed = index.quarantine(criterion, from_seq, height)
+            _events.warning("store_repaired", "%s: chain %s quarantined from seq %d (%d events "
+                            "given up, %d damaged frames) to be fetched again from peers",
+                            self._path, criterion.hex()[:16], from_seq, removed, len(bad),
+                            key=f"quarantine:{criterion.hex()}", path=self._path,
+                            criterion=criterion.hex(), from_seq=from_seq, removed=removed)
+            return removed
 
     async def quarantined(self) -> dict[bytes, tuple[int, int]]:
         """``{criterion: (from_seq, old_height)}`` of quarantined ranges not yet refilled.

@@ -42,6 +42,7 @@ the node can fetch the range again from its peers.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 import time
@@ -55,6 +56,7 @@ import trio
 
 from ketten import Event, Option, PluginSpec, hookimpl
 from ketten.errors import ConfigError, StoreConflict, StoreError, StoreFormatError
+from ketten.logs import RateLimitedLog
 
 from .._store_records import DirLock, store_path
 from ._access import (
@@ -68,6 +70,8 @@ from ._access import (
 from ._cache import ChainCache
 from ._inline import InlineCommits
 from ._schema import DB_NAME, check_existing, corrupted, migrate, owns_directory
+
+_events = RateLimitedLog(logging.getLogger("ketten.store"))
 
 if TYPE_CHECKING:
     from ketten import Node
@@ -628,6 +632,12 @@ class SqliteStore:
             return int(removed), lambda cache: cache.reset(criterion, head)
 
         removed: int = await self._write(body)
+        if removed:
+            _events.warning("store_repaired", "%s: chain %s quarantined from seq %d (%d events "
+                            "given up) to be fetched again from peers", self._db_path,
+                            criterion.hex()[:16], from_seq, removed,
+                            key=f"quarantine:{criterion.hex()}", path=self._db_path,
+                            criterion=criterion.hex(), from_seq=from_seq, removed=removed)
         return removed
 
     async def quarantined(self) -> dict[bytes, tuple[int, int]]:

@@ -10,6 +10,7 @@ the attempt's outcome into the event or a typed error.
 from __future__ import annotations
 
 import inspect
+import logging
 import random
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
@@ -35,6 +36,7 @@ from ..errors import (
     UsageError,
     WriterNotAllowed,
 )
+from ..logs import RateLimitedLog
 from .broker import Broker
 from .coalesce import Coalescer
 from .replica_sets import Creation, ReplicaSets
@@ -54,6 +56,9 @@ _INVALID: dict[str, type[InvalidEvent]] = {
 _MAX_KNOWN = 1 << 16
 _MAX_BUILT = 4096
 _BATCH_BYTES = 1 << 20
+
+
+_log = logging.getLogger("ketten.publish")
 
 
 @attrs.define(eq=False)
@@ -78,6 +83,7 @@ class Publisher:
     _turns: trio.Semaphore = attrs.field(init=False)
     _heads: OrderedDict[bytes, Pos] = attrs.field(factory=OrderedDict, init=False)
     _built: OrderedDict[bytes, PublishAttempt] = attrs.field(factory=OrderedDict, init=False)
+    _events: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(_log), init=False)
     """Events built lately, by the call that built them."""
     _offers: Coalescer[OfferItem, OfferAnswer] = attrs.field(init=False)
 
@@ -226,6 +232,12 @@ class Publisher:
             return CommandIdReused(message or (
                 f"command {command} of author {identity.public_key.hex()[:16]} is already "
                 f"applied with other content in criterion {short}"))
+        if kind in ("unknown", "quorum"):
+            self._events.warning("publish_failed", "publish to criterion %s failed (%s): %s",
+                                 short, "outcome unknown" if kind == "unknown" else "no quorum",
+                                 message or "no leader", key=f"publish:{criterion.hex()}",
+                                 criterion=criterion.hex(), outcome=kind,
+                                 brokers_answered=attempt.reached, deadline=deadline)
         if kind == "unknown":
             return PublishOutcomeUnknown(
                 f"publish to criterion {short} did not complete within {deadline} s ({message}); "

@@ -65,6 +65,7 @@ from ..errors import (
     UsageError,
 )
 from ..interfaces import Peer
+from ..logs import RateLimitedLog
 from .local_chains import LocalChains
 from .replica_sets import ReplicaSets
 from .rpc import Rpc, guarded
@@ -268,6 +269,8 @@ class Replicator:
     """Genesis hashes of the chains held here: which chain of a criterion this is."""
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
+    _events: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(_log, interval=1.0),
+                                          init=False)
 
     def __attrs_post_init__(self) -> None:
         self._watch_moves = MoveWatch(self.options.hysteresis)
@@ -441,10 +444,12 @@ class Replicator:
                 self.sets.learn(criterion, winner)
         except KettenError:
             pass  # found again by the next lookup
-        _log.warning("%s: criterion %s was started twice, on two sides of a partition; this "
-                     "chain (genesis %s) lost to the one with genesis %s (learned from %s): "
-                     "%d events orphaned", self.own().address, criterion.hex()[:16],
-                     own.hex()[:16], rival.hex()[:16], source, len(orphans))
+        self._events.warning(
+            "chain_replaced", "%s: criterion %s was started twice, on two sides of a partition; "
+            "this chain (genesis %s) lost to the one with genesis %s (learned from %s): "
+            "%d events orphaned", self.own().address, criterion.hex()[:16], own.hex()[:16],
+            rival.hex()[:16], source, len(orphans), criterion=criterion.hex(),
+            genesis=own.hex(), winner=rival.hex(), source=source, orphaned=len(orphans))
         self._signal(criterion)
         return True
 
@@ -986,8 +991,11 @@ class Replicator:
                     return
                 proposed = ChainConfig(1, members, (), -1, 0)
                 if proposed.is_voter(self.own().key):
-                    _log.info("%s: creating chain %s on %s", self.own().address,
-                              criterion.hex()[:16], ", ".join(m.address for m in members))
+                    self._events.info("chain_created", "%s: creating chain %s on %s",
+                                      self.own().address, criterion.hex()[:16],
+                                      ", ".join(m.address for m in members),
+                                      criterion=criterion.hex(),
+                                      members=[m.address for m in members])
                     await self.campaign(criterion, proposed=proposed)
         except KettenError as exc:
             _log.debug("creating %s failed: %s", criterion.hex()[:16], exc)
@@ -1098,11 +1106,13 @@ class Replicator:
             replica.become_leader(self._now())
             await self._save(replica)
         self._counts["recoveries"] += 1
-        _log.warning(
+        self._events.warning(
+            "chain_recovered",
             "%s: operator recovery of chain %s: epoch %d from this copy (head seq %s) in term "
             "%d, voters %s; events acknowledged by lost brokers beyond this copy are lost",
             own.address, criterion.hex()[:16], new.epoch, None if head is None else head[0],
-            best_term + 1, ", ".join(m.address for m in voters))
+            best_term + 1, ", ".join(m.address for m in voters), key=f"recover:{criterion.hex()}",
+            criterion=criterion.hex(), epoch=new.epoch, voters=[m.address for m in voters])
         self._reconfigs.pop(criterion, None)
         self._mark(replica)
         await self._advance(replica)
@@ -1311,9 +1321,12 @@ class Replicator:
                 replica.propose_config(new)
                 await self._save(replica)
                 self._counts["reconfigurations"] += 1
-                _log.info("chain %s: configuration %d %s (voters %s)", criterion.hex()[:16],
-                          new.epoch, "joint" if new.joint else "in force",
-                          ", ".join(m.address for m in new.voters))
+                self._events.info("reconfiguration", "chain %s: configuration %d %s (voters %s)",
+                                  criterion.hex()[:16], new.epoch,
+                                  "joint" if new.joint else "in force",
+                                  ", ".join(m.address for m in new.voters),
+                                  criterion=criterion.hex(), epoch=new.epoch, joint=new.joint,
+                                  voters=[m.address for m in new.voters])
             elif change is Change.HAND_OVER:
                 target = decision.members[0] if decision.members else None
                 replica.role = Role.FOLLOWER
@@ -1625,10 +1638,13 @@ class Replicator:
             self._reconfigs.pop(criterion, None)
             self.sets.forget(criterion)
             orphans = await self.chains.cut(criterion, keep + 1, [])
-        _log.info("%s: configuration %d of %s (made at seq %d) was abandoned; the chain is "
-                  "committed beyond it in configuration %d: this node is no broker of it "
-                  "(%d uncommitted events dropped)", self.own().address, pending.epoch,
-                  criterion.hex()[:16], pending.at, epoch, len(orphans))
+        self._events.info("reconfiguration_abandoned",
+                          "%s: configuration %d of %s (made at seq %d) was abandoned; the chain "
+                          "is committed beyond it in configuration %d: this node is no broker "
+                          "of it (%d uncommitted events dropped)", self.own().address,
+                          pending.epoch, criterion.hex()[:16], pending.at, epoch, len(orphans),
+                          criterion=criterion.hex(), epoch=pending.epoch, in_force=epoch,
+                          dropped=len(orphans))
         self._signal(criterion)
 
     async def _compare_genesis(self, peer: Peer, criterion: bytes) -> None:

@@ -17,7 +17,6 @@ peer may safely handle twice).
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -35,6 +34,7 @@ from ..errors import (
     UsageError,
 )
 from ..interfaces import Peer, Reply, Transport
+from ..logs import RateLimitedLog
 
 __all__ = ["Rpc", "RpcStatistics", "guarded"]
 
@@ -56,46 +56,20 @@ class RpcStatistics:
     messages_taken: int
 
 
-@attrs.define(eq=False)
-class _RateLimitedLog:
-    """At most one log record per ``interval`` seconds per key; the rest are counted."""
-
-    interval: float = 10.0
-    _last: dict[str, float] = attrs.field(factory=dict)
-    _suppressed: dict[str, int] = attrs.field(factory=dict)
-
-    def warning(self, key: str, message: str, *args: Any, exc_info: bool = False) -> None:
-        now = trio.current_time()
-        last = self._last.get(key, -math.inf)
-        if now - last < self.interval:
-            self._suppressed[key] = self._suppressed.get(key, 0) + 1
-            return
-        suppressed = self._suppressed.pop(key, 0)
-        self._last[key] = now
-        if len(self._last) > 1024:
-            self._last.clear()
-        suffix = f" ({suppressed} similar suppressed)" if suppressed else ""
-        _log.warning(message + suffix, *args, exc_info=exc_info)
-
-
-_BUG_LOG: _RateLimitedLog | None = None
+_BUG_LOG = RateLimitedLog(_task_log)
 
 
 async def guarded(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
     """Await ``fn(*args)``; an exception that is not a cancellation ends it, logged with a
     rate limit (a bug of ours or of a plugin degrades one task, never the node)."""
-    global _BUG_LOG
     try:
         await fn(*args)
     except KettenError as exc:
         _task_log.debug("%s ended: %s", getattr(fn, "__name__", fn), exc)
     except Exception as exc:
-        if _BUG_LOG is None:
-            _BUG_LOG = _RateLimitedLog()
-        _BUG_LOG.warning(f"task:{getattr(fn, '__qualname__', fn)}",
-                         "background task %s failed: %s: %s",
-                         getattr(fn, "__qualname__", fn), type(exc).__name__, exc,
-                         exc_info=True)
+        name = str(getattr(fn, "__qualname__", fn))
+        _BUG_LOG.warning("task_failed", "background task %s failed: %s: %s", name,
+                         type(exc).__name__, exc, key=f"task:{name}", exc_info=True, task=name)
 
 
 @attrs.define(eq=False)
@@ -111,7 +85,7 @@ class Rpc:
     _services: dict[str, RawService] = attrs.field(factory=dict, init=False)
     _messages: dict[str, RawMessageService] = attrs.field(factory=dict, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
-    _log: _RateLimitedLog = attrs.field(factory=_RateLimitedLog, init=False)
+    _log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(_log), init=False)
 
     def __attrs_post_init__(self) -> None:
         self._counts = dict.fromkeys(attrs.fields_dict(RpcStatistics), 0)
@@ -236,8 +210,10 @@ class Rpc:
             raise
         except Exception as exc:
             self._counts["internal_errors"] += 1
-            self._log.warning(f"internal:{service}", "%s request from %s failed: %s: %s",
-                              service, peer.address, type(exc).__name__, exc, exc_info=True)
+            self._log.warning("internal_error", "%s request from %s failed: %s: %s",
+                              service, peer.address, type(exc).__name__, exc,
+                              key=f"internal:{service}", exc_info=True, service=service,
+                              peer=peer.address)
             raise InternalError(f"the {service!r} request failed on this node "
                                 f"({type(exc).__name__})") from None
         self._counts["requests_served"] += 1
@@ -261,5 +237,7 @@ class Rpc:
             self._counts["requests_refused"] += 1
         except Exception as exc:
             self._counts["internal_errors"] += 1
-            self._log.warning(f"internal-msg:{service}", "%s message from %s failed: %s: %s",
-                              service, peer.address, type(exc).__name__, exc, exc_info=True)
+            self._log.warning("internal_error", "%s message from %s failed: %s: %s",
+                              service, peer.address, type(exc).__name__, exc,
+                              key=f"internal-msg:{service}", exc_info=True, service=service,
+                              peer=peer.address)
