@@ -11,6 +11,7 @@ from pathlib import Path
 import trio
 import trio.testing
 
+import ketten
 from ketten import KettenError, Node, criterion_key
 from ketten.adapters.memory import Faults, MemoryNetwork
 from ketten.testing import deterministic, deterministic_identity, open_cluster
@@ -66,3 +67,17 @@ def test_a_seed_replays_in_another_process() -> None:
         for hashseed in ("1", "2")
     }
     assert outputs == {hashlib.sha256(repr(run_seed(21)).encode()).hexdigest()}
+
+
+async def test_a_cluster_can_be_built_from_whole_configurations(autojump_clock: object) -> None:
+    net = MemoryNetwork(seed=1)
+
+    def config(index: int, identity: ketten.Identity) -> ketten.NodeConfig:
+        return ketten.NodeConfig(identity=identity, replication=1,
+                                 options={"transport": {"network": net, "address": f"x:{index}"}})
+
+    async with open_cluster(2, network=net, config=config, settle=0.1) as cluster:
+        assert {cluster[i].address for i in range(2)} == {"x:0", "x:1"}
+        assert cluster[1].identity.public_key == cluster.identity(1).public_key
+        event = await cluster[0].publish("own", b"x")
+        assert [e.hash for e in await cluster[0].read("own")] == [event.hash]

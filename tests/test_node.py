@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 import pluggy
 import pytest
@@ -205,3 +207,16 @@ async def test_startup_errors_are_not_wrapped(plugins: pluggy.PluginManager) -> 
             async with ketten.open_node(taken, plugins=plugins):
                 pass  # pragma: no cover
         assert first.address.rsplit(":", 1)[1] in str(info.value)
+
+
+@pytest.mark.parametrize("store", ["sqlite", "file"])
+async def test_a_node_alone_serves_its_chains_after_a_restart(tmp_path: Path, store: str) -> None:
+    config = NodeConfig(replication=1, store=store, identity=ketten.Identity.generate(),
+                        options={"store": {"path": str(tmp_path)}})
+    async with ketten.open_node(config) as node:
+        first = await node.publish("kept", b"one")
+    async with ketten.open_node(config) as node:
+        with trio.fail_after(5):  # nothing but this node's own store can answer
+            assert [e.hash for e in await node.read("kept")] == [first.hash]
+            second = await node.publish("kept", b"two")
+        assert second.seq == 1 and second.prev == first.hash

@@ -132,6 +132,7 @@ class Node:
                                                    self._options, self._rng)
         chains.replicated = replicator.holds
         sets.rival = replicator.settle_rival_soon
+        sets.load = replicator.route
         self._broker = Broker(self._rpc, chains, replicator, sets, None, config.request_timeout,
                               config.sync_batch_bytes,
                               RateLimit(self._options.creations_per_second,

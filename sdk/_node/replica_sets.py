@@ -17,7 +17,7 @@ traffic): the leader compares it with the configuration to decide moves.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import attrs
 import trio
@@ -97,6 +97,9 @@ class ReplicaSets:
     rival: Callable[[bytes, bytes, str, tuple[ChainConfig, ...]], None] = (
         lambda criterion, genesis, address, configs: None)
     """Called when a survey finds another chain of a criterion this node holds."""
+    load: Callable[[bytes], Awaitable[Route | None]] | None = None
+    """This node's view of a chain it holds state of, read from the store if need be
+    (after a restart nothing is loaded until asked)."""
     acquaintances: Acquaintances = attrs.field(factory=Acquaintances)
     """Nodes this node heard from (fed by the node from every authenticated peer)."""
     memory: float = 600.0
@@ -356,6 +359,8 @@ class ReplicaSets:
         for member in remembered:
             asked.setdefault(member.key, member)
         best = self.local(criterion)
+        if best is None and self.load is not None:
+            best = await self.load(criterion)
         others = [m for m in asked.values() if m.key != own]
         results: list[tuple[Route | None, bool] | None] = [None] * len(others)
 

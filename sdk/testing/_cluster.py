@@ -96,6 +96,8 @@ class Cluster:
     scopes: dict[int, trio.CancelScope] = attrs.field(factory=dict)
     identities: dict[int, Identity] = attrs.field(factory=dict)
     addresses: dict[int, str] = attrs.field(factory=dict)
+    make: Callable[[int, Identity], NodeConfig] | None = None
+    """Builds node ``index``'s whole configuration instead of the fields above."""
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -114,6 +116,8 @@ class Cluster:
 
     def config(self, index: int, **changes: Any) -> NodeConfig:
         """The configuration node ``index`` starts with (``changes`` to its fields)."""
+        if self.make is not None:
+            return attrs.evolve(self.make(index, self.identity(index)), **changes)
         options: dict[str, dict[str, Any]] = {
             "replication": {"anti_entropy": self.anti_entropy, "hysteresis": self.hysteresis},
         }
@@ -241,14 +245,7 @@ async def open_cluster(
     if options.get("transport", "memory") == "memory" and network is None:
         network = MemoryNetwork(seed=seed)
     async with trio.open_nursery() as nursery:
-        cluster = Cluster(nursery, pm, network, seed, **options)
-        if config is not None:
-            make = config
-
-            def custom(index: int, **changes: Any) -> NodeConfig:
-                return attrs.evolve(make(index, cluster.identity(index)), **changes)
-
-            cluster.config = custom  # type: ignore[method-assign]
+        cluster = Cluster(nursery, pm, network, seed, make=config, **options)
         for index in range(count):
             await cluster.start(index)
         await trio.sleep(settle)
