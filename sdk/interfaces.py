@@ -158,7 +158,17 @@ class Store(Protocol):
     async def replace_from(self, criterion: bytes, seq: int, events: Sequence[Event]) -> list[Event]:
         """Orphan the main chain from ``seq`` on and append ``events`` in its place.
 
-        Atomic. Returns the events that became orphans (fork resolution).
+        The rule (fork resolution): ``0 <= seq <= height``; ``events`` (possibly
+        none) are of ``criterion`` and form a chain whose first event has seq
+        ``seq`` and links the kept event at ``seq - 1`` (a genesis if ``seq`` is
+        0); none reuses a command id of the kept part. Otherwise nothing
+        changes and :class:`~ketten.errors.StoreConflict` is raised. The
+        replaced events stay findable by :meth:`get` and listed by
+        :meth:`orphans` (oldest first), but no longer by :meth:`by_command`;
+        an orphaned branch may later be switched back to. Atomic and durable
+        before it returns. Returns the events that became orphans, in seq
+        order (``[]`` when ``seq`` is the height). ``ketten.testing.check_store``
+        checks all of this.
         """
         ...
 

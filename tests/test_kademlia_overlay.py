@@ -179,6 +179,29 @@ async def test_lone_node_and_dead_bootstrap(
     assert "no bootstrap node answered" in caplog.text
 
 
+async def test_a_node_started_before_its_bootstrap_joins_it_soon(
+    plugins: pluggy.PluginManager, autojump_clock: trio.testing.MockClock,
+) -> None:
+    net = MemoryNetwork(seed=4)
+
+    def config(address: str, bootstrap: list[str]) -> NodeConfig:
+        return NodeConfig(overlay="kademlia", options={
+            "transport": {"network": net, "address": address},
+            "overlay": {"bootstrap": bootstrap}})
+
+    async with open_node(config("mem:late", ["mem:first"]), plugins=plugins) as early:
+        await trio.sleep(1.0)  # its bootstrap node starts only now (a whole cluster restarts)
+        async with open_node(config("mem:first", []), plugins=plugins) as first:
+            started = trio.current_time()
+            while first.identity.public_key not in {
+                    c.peer.public_key for c in overlay_of(early).table.contacts()}:
+                await trio.sleep(0.1)
+            # Well before the regular rounds (every ping_interval, 10 s) would join.
+            assert trio.current_time() - started < 5.0
+            found = await first.overlay.closest(early.identity.node_id, 2)  # type: ignore[union-attr]
+            assert early.address in {p.address for p in found}
+
+
 @pytest.mark.parametrize("options", [
     {"k": 0}, {"alpha": "3"}, {"bootstrap": "mem:1"}, {"paths": True}, {"refresh_interval": -1},
     {"puzzle_difficulty": 100}, {"unknown": 1}, {"join_refresh": 1},

@@ -224,6 +224,7 @@ class KademliaOverlay:
             self._node.register_service(SERVICE, self._serve)
             await self._join()
             task_status.started()
+            await self._join_until_heard()
             last_refresh = trio.current_time()
             while True:
                 await trio.sleep(self.options.ping_interval * (0.75 + 0.5 * self._rng.random()))
@@ -234,6 +235,16 @@ class KademliaOverlay:
                 if trio.current_time() - last_refresh >= self.options.refresh_interval:
                     last_refresh = trio.current_time()
                     await self._refresh()
+
+    async def _join_until_heard(self) -> None:
+        """A node whose bootstrap nodes did not answer (they start at the same time,
+        after a power cut say) tries again soon: after 0.5 s, then twice as long
+        each time, up to the ping interval, where the regular rounds take over."""
+        wait = 0.5
+        while not len(self._table) and self.options.bootstrap and wait < self.options.ping_interval:
+            await trio.sleep(wait * (0.75 + 0.5 * self._rng.random()))
+            wait *= 2
+            await self._join(again=True)
 
     async def _ping_siblings(self) -> None:
         # Siblings ping each other: one that pinged us within the period is alive.
