@@ -207,3 +207,44 @@ async def test_killed_brokers_and_a_closer_node_lose_no_acknowledged_event(
     final = max((s[moving].config for s in states.values() if moving in s),
                 key=lambda c: c.epoch if c else 0)
     assert final is not None and joiner.public_key in final.voter_keys()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ketten._cli", *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+async def test_a_cluster_killed_at_once_comes_back_with_every_acknowledged_event(
+        tmp_path: Path) -> None:
+    rng = random.Random(8)
+    ports = [free_port() for _ in range(3)]
+    # Each node joins through the next, which is still down when it starts again.
+    processes = [Process(i, tmp_path, ports[i], Identity.from_seed(rng.randbytes(32)),
+                         f"127.0.0.1:{ports[(i + 1) % 3]}") for i in range(3)]
+    try:
+        for process in processes:
+            await trio.to_thread.run_sync(process.start)
+        await trio.sleep(2.0)
+        acked = []
+        for i in range(6):
+            done = await trio.to_thread.run_sync(
+                _cli, "publish", "orders", f"order {i}", "--json",
+                "-b", processes[i % 3].address)
+            assert done.returncode == 0, done.stderr
+            acked.append(json.loads(done.stdout)["hash"])
+        for process in processes:  # a power cut
+            await trio.to_thread.run_sync(process.kill)
+        for process in processes:
+            await trio.to_thread.run_sync(process.start)
+        done = await trio.to_thread.run_sync(_cli, "read", "orders", "--json", "-b",
+                                             processes[2].address)
+        assert done.returncode == 0, done.stderr
+        assert [json.loads(line)["hash"] for line in done.stdout.splitlines()] == acked
+        done = await trio.to_thread.run_sync(_cli, "publish", "orders", "after", "--json",
+                                             "-b", processes[0].address)
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["seq"] == 6
+    finally:
+        for process in processes:
+            if process.popen is not None:
+                await trio.to_thread.run_sync(process.stop)
