@@ -27,7 +27,7 @@ from ._core.event import Event
 from ._core.identity import Identity
 from ._node.config import NodeConfig
 from ._node.node import Node, open_node
-from .errors import ConfigError, PeerUnreachable, Unavailable
+from .errors import ConfigError, KettenError, PeerUnreachable, Unavailable
 
 __all__ = ["publish", "read", "tail"]
 
@@ -83,12 +83,26 @@ async def client_node(settings: ClientSettings) -> AsyncIterator[Node]:
             joining.deadline = math.inf
             assert node.overlay is not None
             if len(node.overlay.nearest(node.identity.node_id, 2)) < 2:
-                raise PeerUnreachable(
-                    f"no bootstrap node answered ({', '.join(settings.bootstrap)})")
+                raise PeerUnreachable(f"no bootstrap node answered: "
+                                      f"{await _why_unreachable(node, settings.bootstrap)}")
             yield node
     if joining.cancelled_caught:
         raise Unavailable(f"could not join through {', '.join(settings.bootstrap)} within "
                           f"{settings.timeout:g} s (--timeout)")
+
+
+async def _why_unreachable(node: Node, addresses: tuple[str, ...]) -> str:
+    """What each bootstrap address says when asked directly (a refused handshake
+    names the reason, such as a different replication factor)."""
+    reasons = []
+    for address in addresses[:4]:
+        try:
+            with trio.move_on_after(2.0):
+                await node.pull(address, bytes(32))
+            reasons.append(f"{address}: no answer")
+        except KettenError as exc:
+            reasons.append(str(exc))
+    return "; ".join(reasons)
 
 
 def _bootstrap_list(_ctx: click.Context, _param: click.Parameter,

@@ -244,10 +244,18 @@ async def test_publish_then_read(plugins: pluggy.PluginManager, tmp_path: Path,
         held = await nodes[0].read("orders")
         assert [e.hash.hex() for e in held] == [published_text.group(1), published["hash"]]
 
+        # A node of another network is named with the reason it refused.
+        assert await cli("read", "orders", "--replication", "5", *boot) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1
+        assert captured.err.startswith("ketten: error: no bootstrap node answered: handshake")
+        assert "replication factor r=3 differs from ours (r=5)" in captured.err
+
     assert await cli("read", "orders", "--bootstrap", f"127.0.0.1:{free_port()}") == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1
-    assert captured.err.startswith("ketten: error: no bootstrap node answered (127.0.0.1:")
+    assert captured.err.startswith("ketten: error: no bootstrap node answered: cannot connect "
+                                   "to 127.0.0.1:")
 
 
 class Lines:
