@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import click
 
 from . import __version__
+from ._cli_car import export_car, import_car
 from ._cli_local import keygen, plugins
 from ._cli_network import publish, read, tail
 from ._cli_sim import sim
@@ -46,7 +47,8 @@ def cli() -> None:
     """ketten: signed, replicated hash chains per criterion on a peer-to-peer overlay.
 
     publish, read and tail join a network through --bootstrap with a node of
-    their own; chains and verify read store directories offline.
+    their own; chains and verify read store directories offline, export and
+    import move a chain into and out of a CAR file.
 
     \b
     Exit codes:
@@ -57,7 +59,8 @@ def cli() -> None:
     """
 
 
-for _command in (serve, publish, read, tail, chains, verify, keygen, plugins, sim):
+for _command in (serve, publish, read, tail, chains, verify, export_car, import_car, keygen,
+                 plugins, sim):
     cli.add_command(_command)
 
 
