@@ -178,9 +178,11 @@ def test_the_command_line_runs_seeds(capsys) -> None:
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("overlay", ["static", "kademlia"])
+@pytest.mark.parametrize(("overlay", "seed"), [
+    *((overlay, seed) for overlay in ("static", "kademlia") for seed in range(20)),
+    *(("gosskip", seed) for seed in range(5)),
+])
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("seed", range(20))
 def test_fault_simulation(seed: int, family: str, overlay: str, plugins) -> None:
     result = run_simulation(SimConfig(seed=seed, family=family, overlay=overlay),
                             plugins=plugins)

@@ -27,6 +27,8 @@ __all__ = ["OverlayFactory", "check_overlay"]
 
 OverlayFactory = Callable[[int, Sequence[str]], tuple[str, Mapping[str, Any]]]
 """``factory(index, seeds) -> (overlay plugin name, overlay options)``."""
+Distance = Callable[[bytes, bytes], int]
+"""``distance(node id, key)``: the overlay's metric; nearest first means smallest first."""
 
 _LIAR = "check-overlay-liar"
 _COUNTS = (1, 2, 3, 5, 8)
@@ -116,6 +118,7 @@ class _Harness:
     forged: dict[bytes, bytes] = attrs.field(factory=dict)
     ever: dict[bytes, Peer] = attrs.field(factory=dict)
     next_index: int = 0
+    distance: Distance = attrs.field(default=lambda node_id, key: _distance(node_id, key))
 
     # -- hooks (registered on the plugin manager for the suite's duration) ------
 
@@ -156,7 +159,7 @@ class _Harness:
         return {key: _peer(node) for key, (node, _) in self.live.items()}
 
     def truth(self, key: bytes, count: int) -> list[Peer]:
-        ranked = sorted(self.genuine().values(), key=lambda p: _distance(p.node_id, key))
+        ranked = sorted(self.genuine().values(), key=lambda p: self.distance(p.node_id, key))
         return ranked[:count]
 
     async def start(self, *, address: str | None = None, liar: bool = False) -> Node:
@@ -225,9 +228,10 @@ async def _closest(section: str, h: _Harness, node: Node, key: bytes, count: int
                 f"{where} returned {len(found)} peers: {_show(found)}")
         ids = [p.node_id for p in found]
         _expect(section, len(set(ids)) == len(ids), f"{where} named a node twice: {_show(found)}")
-        distances = [_distance(i, key) for i in ids]
+        distances = [h.distance(i, key) for i in ids]
         _expect(section, distances == sorted(distances),
-                f"{where} is not ordered nearest first by XOR distance: {_show(found)}")
+                f"{where} is not ordered nearest first by the overlay's distance (XOR unless "
+                f"the suite was given another): {_show(found)}")
         genuine = h.genuine()
         for p in found:
             real = genuine.get(p.public_key)
@@ -309,6 +313,7 @@ async def check_overlay(
     liveness: float = 120.0,
     lookups: int = 60,
     plugins: pluggy.PluginManager | None = None,
+    distance: Distance | None = None,
 ) -> None:
     """Check that an overlay plugin behaves as :class:`~ketten.interfaces.Overlay` promises.
 
@@ -331,7 +336,8 @@ async def check_overlay(
     * ``run()`` calls ``task_status.started()`` within ``settle`` seconds;
     * after ``settle`` seconds, every node is found by its own id from others;
       ``closest(key, count)`` returns :class:`~ketten.interfaces.Peer` objects,
-      nearest first by XOR of node id and key, exactly the ``count`` closest
+      nearest first by ``distance(node id, key)`` (default: their XOR; a ring
+      overlay passes its own, e.g. ``ketten.plugins.gosskip.key_distance``), exactly the ``count`` closest
       live nodes (brute force, the asking node included), and everyone when
       ``count`` exceeds the network;
     * ``statistics()`` returns a frozen snapshot;
@@ -369,6 +375,8 @@ async def check_overlay(
     failure: AssertionError | None = None
     async with trio.open_nursery() as nursery:
         h = _Harness(factory, MemoryNetwork(seed=seed), pm, nursery, seed, settle)
+        if distance is not None:
+            h.distance = distance
         pm.register(h)
         try:
             await _run_suite(h, rng, nodes, settle, liveness, lookups, timeout)

@@ -1,7 +1,7 @@
 """A deterministic fault simulation of replicated chains, checked by :mod:`._jepsen`.
 
 Nodes run on one seeded :class:`~ketten.adapters.memory.MemoryNetwork` in
-virtual time, on the ``static`` or the ``kademlia`` overlay, with memory
+virtual time, on the ``static``, ``kademlia`` or ``gosskip`` overlay, with memory
 stores whose data survives restarts. Publishers (an :class:`ketten.Agent`
 each, retrying a command until it is settled, as an application with an
 outbox would) and readers run on several nodes throughout, while a *family*
@@ -115,11 +115,17 @@ def _distance(a: bytes, b: bytes) -> int:
     return int.from_bytes(a, "big") ^ int.from_bytes(b, "big")
 
 
-def _identity_near(key: bytes, closer_than: int, rng: random.Random) -> Identity:
-    """An identity whose node id is closer to ``key`` than ``closer_than`` (XOR)."""
+def _ring_distance(node_id: bytes, key: bytes) -> int:
+    """How far ``node_id`` follows ``key`` on a ring (gosskip's replica sets)."""
+    return (int.from_bytes(node_id, "big") - int.from_bytes(key, "big")) % (1 << 256)
+
+
+def _identity_near(key: bytes, closer_than: int, rng: random.Random,
+                   distance: Callable[[bytes, bytes], int] = _distance) -> Identity:
+    """An identity whose node id is closer to ``key`` than ``closer_than``."""
     while True:
         identity = Identity.from_seed(rng.randbytes(32))
-        if _distance(identity.node_id, key) < closer_than:
+        if distance(identity.node_id, key) < closer_than:
             return identity
 
 
@@ -164,6 +170,9 @@ class _Simulation:
         if cfg.overlay == "kademlia":
             overlay: dict[str, Any] = {"bootstrap": seeds, "rpc_timeout": cfg.request_timeout,
                                        "refresh_interval": 10.0}
+        elif cfg.overlay == "gosskip":
+            overlay = {"bootstrap": seeds, "rpc_timeout": cfg.request_timeout,
+                       "interval": cfg.overlay_interval}
         else:
             overlay = {"seeds": seeds, "interval": cfg.overlay_interval,
                        "evict_after": cfg.evict_after}
@@ -213,9 +222,13 @@ class _Simulation:
             scope.cancel()
         self._live.pop(index, None)
 
+    def distance(self, node_id: bytes, key: bytes) -> int:
+        """The overlay's metric: ring successors on gosskip, XOR otherwise."""
+        return (_ring_distance if self.config.overlay == "gosskip" else _distance)(node_id, key)
+
     def brokers(self, key: bytes) -> list[int]:
         """The running nodes closest to ``key`` (what the overlays converge to)."""
-        ranked = sorted(self._live, key=lambda i: _distance(self.identities[i].node_id, key))
+        ranked = sorted(self._live, key=lambda i: self.distance(self.identities[i].node_id, key))
         return ranked[: self.config.replication]
 
     # -- workload ----------------------------------------------------------------
@@ -359,10 +372,10 @@ class _Simulation:
         else:
             targets = [(self.keys[0], 1)] * cfg.replication
         for key, count in targets:
-            current = min(_distance(self.identities[i].node_id, key) for i in self._live)
+            current = min(self.distance(self.identities[i].node_id, key) for i in self._live)
             joiners = []
             for _ in range(count):
-                identity = _identity_near(key, current, rng)
+                identity = _identity_near(key, current, rng, self.distance)
                 self.identities[next_index] = identity
                 joiners.append(next_index)
                 next_index += 1
@@ -414,8 +427,8 @@ class _Simulation:
                                    self.short() if rng.random() < 0.5 else self.long() / 2)
             elif roll < 0.6:
                 key = self.keys[rng.randrange(len(self.keys))]
-                current = min(_distance(self.identities[i].node_id, key) for i in live)
-                self.identities[next_index] = _identity_near(key, current, rng)
+                current = min(self.distance(self.identities[i].node_id, key) for i in live)
+                self.identities[next_index] = _identity_near(key, current, rng, self.distance)
                 await self.start(next_index)
                 self.fault("join", (next_index,))
                 next_index += 1

@@ -1,6 +1,6 @@
 """Run the fault simulation for many seeds and report the failing ones.
 
-    python -m ketten.testing.jepsen --seeds 0-99 [--family all] [--overlay both]
+    python -m ketten.testing.jepsen --seeds 0-99 [--family all] [--overlay both|all]
                                     [--jobs 2] [--verbose]
 
 Every run is deterministic: a failing seed replays exactly with
@@ -36,7 +36,8 @@ __all__ = [
     "run_simulation",
 ]
 
-OVERLAYS = ("static", "kademlia")
+OVERLAYS = ("static", "kademlia", "gosskip")
+_BOTH = ("static", "kademlia")
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -107,7 +108,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m ketten.tes
     parser.add_argument("--seeds", default="0-9", help="seeds, e.g. 0-99 or 3,7,12-15")
     parser.add_argument("--family", default="all",
                         help=f"fault family: {', '.join(FAMILIES)} or all")
-    parser.add_argument("--overlay", default="both", help="static, kademlia or both")
+    parser.add_argument("--overlay", default="both",
+                        help="static, kademlia, gosskip (or several, comma-separated); "
+                             "both: static and kademlia; all: every overlay")
     parser.add_argument("--jobs", type=int, default=1,
                         help="worker processes (default 1; 0: one per core)")
     parser.add_argument("--publishes", type=int, default=defaults.publishes)
@@ -119,13 +122,14 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m ketten.tes
     except ValueError:
         parser.error(f"cannot read seeds {args.seeds!r}")
     families = FAMILIES if args.family == "all" else tuple(args.family.split(","))
-    overlays = OVERLAYS if args.overlay == "both" else tuple(args.overlay.split(","))
+    overlays = {"both": _BOTH, "all": OVERLAYS}.get(args.overlay) or tuple(
+        args.overlay.split(","))
     for family in families:
         if family not in FAMILIES:
             parser.error(f"unknown family {family!r}; one of {', '.join(FAMILIES)}")
     for overlay in overlays:
         if overlay not in OVERLAYS:
-            parser.error(f"unknown overlay {overlay!r}; static or kademlia")
+            parser.error(f"unknown overlay {overlay!r}; one of {', '.join(OVERLAYS)}, both or all")
     configs = list(_configs(seeds, families, overlays, publishes=args.publishes,
                             nodes=args.nodes))
     jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
