@@ -280,7 +280,11 @@ class Delivery(Protocol):
 
 @runtime_checkable
 class Overlay(Protocol):
-    """Membership and routing: who are the ``count`` nodes closest to a key."""
+    """Membership and routing: who are the ``count`` nodes closest to a key.
+
+    Closeness is XOR of node id and key unless the overlay has a method
+    ``distance(node_id, key) -> int`` (both 32 bytes; smaller is closer), which
+    the node then uses wherever it ranks nodes for a key itself."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Join the network, call ``task_status.started()``, then maintain it until cancelled."""

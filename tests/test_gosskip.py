@@ -362,6 +362,25 @@ def test_a_1000_node_ring_survives_a_tenth_failing_at_once() -> None:
     _converge(sim, 0.95, 30)
 
 
+def test_remembered_nodes_are_ranked_by_the_overlays_metric() -> None:
+    from ketten._core.acquaintances import Acquaintances
+
+    rng = random.Random(8)
+    keys = [rng.randbytes(32) for _ in range(16)]
+    known = Acquaintances()
+    for i, key in enumerate(keys):
+        known.saw(key, f"n:{i}", now=1.0)
+    target = rng.randbytes(32)
+
+    def ring(node_id: int, goal: int) -> int:
+        return key_distance(node_id.to_bytes(32, "big"), goal.to_bytes(32, "big"))
+
+    on_ring = known.nearest(target, 3, since=0.0, distance=ring)
+    assert [m.key for m in on_ring] == sorted(
+        keys, key=lambda k: key_distance(Peer("", k).node_id, target))[:3]
+    assert on_ring != known.nearest(target, 3, since=0.0)  # XOR ranks them otherwise
+
+
 # -- the trio driver -------------------------------------------------------------------
 
 
@@ -405,6 +424,8 @@ async def test_nodes_form_a_ring_and_answer_with_ring_successors(
             assert await _overlay(node).closest(key, 3) == truth[:3]
         # Every node knows the whole 12-node ring: nearest needs no traffic.
         assert _overlay(nodes[0]).nearest(key, 3) == truth[:3]
+        assert _overlay(nodes[0]).distance(truth[0].node_id, key) < _overlay(
+            nodes[0]).distance(truth[1].node_id, key)
         assert _overlay(nodes[0]).statistics().levels >= 3
 
         # A malformed request fails alone; the node goes on answering.

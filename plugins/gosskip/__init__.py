@@ -204,6 +204,11 @@ class GosskipOverlay:
             return [self._me().peer][:count]
         return [c.peer for c in self._ring.nearest(point(key), count)]
 
+    def distance(self, node_id: bytes, key: bytes) -> int:
+        """The ring metric: how far ``node_id`` follows ``key`` clockwise (the node
+        ranks its remembered nodes for a key by it, as :meth:`closest` does)."""
+        return key_distance(node_id, key)
+
     @property
     def version(self) -> int:
         """Changes whenever :meth:`nearest` may answer differently (callers cache by it)."""

@@ -23,7 +23,9 @@ never the nodes that answered.
 
 from __future__ import annotations
 
+import operator
 from collections import OrderedDict
+from collections.abc import Callable
 
 import attrs
 
@@ -68,9 +70,11 @@ class Acquaintances:
         known = self._answered.get(key) or self._claimed.get(key)
         return None if known is None else known[1]
 
-    def nearest(self, target: bytes, count: int, *, since: float) -> list[Member]:
+    def nearest(self, target: bytes, count: int, *, since: float,
+                distance: Callable[[int, int], int] = operator.xor) -> list[Member]:
         """The ``count`` nodes seen at or after ``since`` whose node ids are nearest to
-        ``target`` (XOR distance), nearest first."""
+        ``target`` by ``distance(node id, target)`` (XOR unless the overlay has its
+        own metric), nearest first."""
         goal = int.from_bytes(target, "big")
         recent = []
         for tier in (self._answered, self._claimed):
@@ -78,7 +82,7 @@ class Acquaintances:
                 address, when, node_id = tier[key]
                 if when < since:
                     break
-                recent.append((node_id ^ goal, key, address))
+                recent.append((distance(node_id, goal), key, address))
         recent.sort()
         return [Member(key, address) for _, key, address in recent[:count]]
 

@@ -212,6 +212,14 @@ class ReplicaSets:
                 return str(found)
         return member.address
 
+    def distance(self, node_id: int, key: int) -> int:
+        """How far a node is from a key by the overlay's metric: its optional
+        ``distance(node id, key)`` (both 32 bytes), else XOR."""
+        metric = getattr(self.overlay, "distance", None)
+        if not callable(metric):
+            return node_id ^ key
+        return int(metric(node_id.to_bytes(32, "big"), key.to_bytes(32, "big")))
+
     def routing_version(self) -> int | None:
         """The overlay's routing-table version (``None``: it keeps none, so
         :meth:`desired` may change at any time)."""
@@ -355,7 +363,8 @@ class ReplicaSets:
         own = self.own().key
         asked = {m.key: m for m in nearby}
         remembered = self.acquaintances.nearest(criterion, self.replication,
-                                                since=self.now() - self.memory)
+                                                since=self.now() - self.memory,
+                                                distance=self.distance)
         for member in remembered:
             asked.setdefault(member.key, member)
         best = self.local(criterion)
@@ -389,8 +398,8 @@ class ReplicaSets:
         elif held:
             self.note_exists(criterion)
         goal = int.from_bytes(criterion, "big")
-        nearest = sorted(asked.values(),
-                         key=lambda m: int.from_bytes(m.node_id, "big") ^ goal)[: self.replication]
+        nearest = sorted(asked.values(), key=lambda m: self.distance(
+            int.from_bytes(m.node_id, "big"), goal))[: self.replication]
         return Survey(route=best, held=held,
                       answered=sum(1 for m in nearby if m.key in answering),
                       asked=len(nearby) or 1,
