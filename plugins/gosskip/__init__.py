@@ -147,6 +147,9 @@ class GosskipOverlay:
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _remembered: dict[str, None] = attrs.field(factory=dict, init=False)
     _reported: dict[bytes, None] = attrs.field(factory=dict, init=False)
+    _sending: set[int] = attrs.field(factory=set, init=False)
+    """Levels with a gossip request out: at most one each."""
+    _joining: bool = attrs.field(default=False, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -181,8 +184,9 @@ class GosskipOverlay:
                 await trio.sleep(opts.interval * (0.9 + 0.2 * self._rng.random()))
                 rounds += 1
                 for gossip in self.ring.gossip_due(trio.current_time()):
-                    nursery.start_soon(self._gossip, gossip, 0)
-                if self.ring.link("right", 0) is None or rounds % opts.rejoin_rounds == 0:
+                    self._send(gossip, 0)
+                if not self._joining and (self.ring.link("right", 0) is None
+                                          or rounds % opts.rejoin_rounds == 0):
                     nursery.start_soon(self._join, True)
 
     async def closest(self, key: bytes, count: int) -> list[Peer]:
@@ -201,7 +205,7 @@ class GosskipOverlay:
         """The ``count`` known nodes first met clockwise from ``key`` (this one
         included), from the neighbour lists alone: no network traffic."""
         if self._ring is None:
-            return [self._me().peer][:count]
+            return []  # not serving yet: no address to name this node by
         return [c.peer for c in self._ring.nearest(point(key), count)]
 
     def distance(self, node_id: bytes, key: bytes) -> int:
@@ -241,7 +245,14 @@ class GosskipOverlay:
 
     async def _join(self, again: bool) -> None:
         """Look up this node's own name through the bootstrap nodes (and, ``again``,
-        some nodes it has known) and take the successors found."""
+        some nodes it has known) and take the successors found. One at a time."""
+        self._joining = True
+        try:
+            await self._join_once(again)
+        finally:
+            self._joining = False
+
+    async def _join_once(self, again: bool) -> None:
         own = self._node.address
         addresses = [a for a in self.options.bootstrap if a != own]
         if again:
@@ -256,14 +267,29 @@ class GosskipOverlay:
         elif not again and self.options.bootstrap and len(lookup.answered()) <= 1:
             _log.warning("%s: no bootstrap node answered; running alone", own)
 
-    def _gossip_now(self) -> None:
-        if self._nursery is None:
-            return
+    def _gossip_now(self, depth: int = 1) -> None:
         for gossip in self.ring.gossip_due(trio.current_time()):
             if gossip.level == 0:
-                self._nursery.start_soon(self._gossip, gossip, 1)
+                self._send(gossip, depth)
+
+    def _send(self, gossip: Gossip, depth: int) -> None:
+        """Send ``gossip`` unless a request on its level is still out (a slow or dead
+        neighbour never piles up requests)."""
+        if self._nursery is None or gossip.level in self._sending:
+            return
+        self._sending.add(gossip.level)
+        self._nursery.start_soon(self._gossip, gossip, depth)
 
     async def _gossip(self, gossip: Gossip, depth: int) -> None:
+        try:
+            again = await self._exchange(gossip)
+        finally:
+            self._sending.discard(gossip.level)
+        if again and depth < 4:  # the successor changed: tell the new one at once
+            self._gossip_now(depth + 1)
+
+    async def _exchange(self, gossip: Gossip) -> bool:
+        """One gossip request and its answer; True when the successor changed."""
         ring = self.ring
         self._counts["gossip_sent"] += 1
         try:
@@ -275,11 +301,8 @@ class GosskipOverlay:
         except KettenError as exc:  # any failure of one request is a failed neighbour
             _log.debug("gossip to %s failed: %s", gossip.to.peer.address, exc)
             self._counts["gossip_failures"] += 1
-            again = ring.on_failure(gossip.to, gossip.level, trio.current_time())
-        else:
-            again = ring.on_answer(responder, gossip.level, answer, trio.current_time())
-        if again and depth < 4:
-            self._gossip_now()
+            return ring.on_failure(gossip.to, gossip.level, trio.current_time())
+        return ring.on_answer(responder, gossip.level, answer, trio.current_time())
 
     async def _lookup(self, target: int, count: int, addresses: Sequence[str]) -> Lookup:
         self._counts["lookups"] += 1
