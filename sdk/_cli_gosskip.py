@@ -26,10 +26,11 @@ __all__ = ["gosskip"]
               help="Extra subscriptions per round in the churn topic.")
 @click.option("--lookups", type=click.FloatRange(0), default=2.0, show_default=True,
               help="Lookup load: subscriptions per round to uniformly chosen topics.")
-@click.option("--adaptation", type=click.Choice(["off", "1", "2", "all"]), default="all",
-              show_default=True,
+@click.option("--adaptation", type=click.Choice(["off", "1", "2", "2s", "all"]),
+              default="all", show_default=True,
               help="Adaptation: off, procedure 1 (first come, first serve), procedure 2 "
-                   "(sampling, Algorithm 1), or all three one after the other.")
+                   "(sampling, Algorithm 1 as written), 2s (procedure 2 mapping each "
+                   "topic's share of the total churn), or all of them one after the other.")
 @click.option("--rounds", type=click.IntRange(1), default=120, show_default=True,
               help="Rounds (virtual seconds) measured after the warm-up.")
 @click.option("--warmup", type=click.IntRange(0), default=12, show_default=True,
@@ -52,7 +53,7 @@ def gosskip(nodes: int, topics: int, churn: str, churn_topic: int, churn_rate: f
     from ketten.plugins.gosskip._pubsub_sim import PubSubSimulation, SimConfig
     from ketten.plugins.gosskip._report import markdown, table_csv, write_chart
 
-    modes = ["off", "1", "2"] if adaptation == "all" else [adaptation]
+    modes = ["off", "1", "2", "2s"] if adaptation == "all" else [adaptation]
     try:
         configs = [SimConfig(nodes=nodes, topics=topics, churn=churn, churn_topic=churn_topic,
                              churn_rate=churn_rate, lookups=lookups, adaptation=mode,

@@ -104,13 +104,23 @@ class GlobalView:
         self._nonces.discard(response.nonce)
         self._samples.append((response.topic, response.churn, response.size))
 
-    def decide(self, topic: bytes, churn: int, size: int, draw: float, *,
-               alone: bool) -> Decision:
+    def decide(self, topic: bytes, churn: float, size: int, draw: float, *,
+               alone: bool, topic_churn: bool = False) -> Decision:
         """The rest of UPON TIMER: fold the answers and this node's own tuple into
-        ``k`` and decide with the uniform ``draw`` in ``[0, 1)``; forget the answers."""
-        by_topic: dict[bytes, list[tuple[int, int]]] = {}
+        ``k`` and decide with the uniform ``draw`` in ``[0, 1)``; forget the answers.
+
+        With ``topic_churn`` every churn value (the node's own and the sampled
+        ones) is first multiplied by its topic-size estimate: a node's churn
+        stands for its topic's churn *per node*, so ``c * g`` estimates the
+        topic's churn and ``p_c`` becomes the topic's share of the total churn,
+        the share the seed's prose asks the topic's share of nodes to follow.
+        Read literally, Algorithm 1 maps the per-node rates instead, and a topic
+        settles at a size growing with the square root of its churn."""
+        by_topic: dict[bytes, list[tuple[float, int]]] = {}
         for t, c, g in [*self._samples, (topic, churn, size)]:
-            by_topic.setdefault(t, []).append((c, g))
+            by_topic.setdefault(t, []).append((c * g if topic_churn else c, g))
+        if topic_churn:
+            churn = churn * size
         self._samples.clear()
         self._nonces.clear()
         c_total = sum(sum(c for c, _ in v) / len(v) for v in by_topic.values())

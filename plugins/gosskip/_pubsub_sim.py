@@ -31,6 +31,8 @@ Where the seed is silent, this simulation does the following:
   direction; a churnnode met there stands for the workingnode it knows.
   Sampling is not counted as lookup work (the seed does it in the
   workingnode ring, apart from the searches for entry points).
+* Adaptation ``2s`` is procedure 2 with the sampled churn scaled to the
+  topic's churn (see :meth:`~._adaptation.GlobalView.decide`).
 * A workingnode that procedure 2 removes hands its pubnodes to its left
   workingnode instead of letting them resubscribe.
 """
@@ -70,7 +72,7 @@ from ._ring import Gossip, Ring
 
 __all__ = ["ADAPTATIONS", "CHURN_PATTERNS", "PubSubSimulation", "SimConfig", "SimResult"]
 
-ADAPTATIONS = ("off", "1", "2")
+ADAPTATIONS = ("off", "1", "2", "2s")
 CHURN_PATTERNS = ("none", "subscribe", "subscribe-unsubscribe")
 
 
@@ -163,6 +165,7 @@ class PubSubSimulation:
     _provided: dict[str, str] = attrs.field(factory=dict, init=False)
     """A subscriber's pubnode address -> the workingnode it provides."""
     _leaving: list[tuple[float, str]] = attrs.field(factory=list, init=False)
+    _phases: dict[str, int] = attrs.field(factory=dict, init=False)
     _counting: bool = attrs.field(default=False, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -232,8 +235,9 @@ class PubSubSimulation:
         lifetime = float(c.churnnode_lifetime) if c.adaptation == "1" else None
         worker = Workingnode(self._ref(member), churn_interval=float(c.interval),
                              churnnode_lifetime=lifetime, started=self.now)
-        if c.adaptation == "2":
+        if c.adaptation in ("2", "2s"):
             self.views[member.peer.address] = GlobalView()
+            self._phases[member.peer.address] = self._rng.randrange(c.interval)
         return worker
 
     def _new_pubnode(self, topic: bytes, order: int | None = None) -> Pubnode:
@@ -273,7 +277,7 @@ class PubSubSimulation:
         self._leave_due()
         self._expire_churnnodes()
         self._timers()
-        if c.adaptation == "2" and int(self.now) % c.interval == 0:
+        if c.adaptation in ("2", "2s"):
             self._procedure_2()
         self._drain()
 
@@ -404,6 +408,7 @@ class PubSubSimulation:
         if worker is not None and len(self._of_topic(pub.me.name.topic)) > 1:
             self.workers.pop(worker, None)
             self.views.pop(worker, None)
+            self._phases.pop(worker, None)
 
     def _of_topic(self, topic: bytes) -> list[str]:
         return [a for a, w in self.workers.items() if w.me.name.topic == topic]
@@ -441,8 +446,10 @@ class PubSubSimulation:
             del self.churners[address]
 
     def _procedure_2(self) -> None:
-        alive = list(self.workers)
-        for address in alive:
+        """Algorithm 1's timer: every workingnode every ``interval`` rounds, each at its
+        own phase."""
+        phase = int(self.now) % self.config.interval
+        for address in [a for a, p in self._phases.items() if p == phase]:
             worker = self.workers.get(address)
             view = self.views.get(address)
             if worker is None or view is None:
@@ -464,7 +471,8 @@ class PubSubSimulation:
             alone = not any(w is not None and w.name.topic == topic
                             and w.address != address for w in (left, right))
             decision = view.decide(topic, worker.churn, self._size(address),
-                                   self._rng.random(), alone=alone)
+                                   self._rng.random(), alone=alone,
+                                   topic_churn=self.config.adaptation == "2s")
             if decision.action == "insert":
                 member = self._member(self._address("w"), topic)
                 if self._join(member):
@@ -473,6 +481,8 @@ class PubSubSimulation:
                 self._post(address, worker.leave())
                 del self.workers[address]
                 del self.views[address]
+                del self._phases[address]
+                self._drain()  # the handover arrives before the next one decides
 
     def _sample_target(self, start: str) -> str | None:
         """A workingnode about ``x`` hops away, ``x`` uniform up to the size estimate,

@@ -18,7 +18,8 @@ CSV_COLUMNS = ("adaptation", "topic", "pubnodes", "nodes", "churn", "lookup_forw
                "max_difference")
 
 _LABELS = {"off": "adaptation off", "1": "procedure 1 (first come, first serve)",
-           "2": "procedure 2 (sampling, Algorithm 1)"}
+           "2": "procedure 2 (sampling, Algorithm 1)",
+           "2s": "procedure 2s (sampling, topic shares of the churn)"}
 
 
 def table_csv(results: Sequence[SimResult]) -> str:
