@@ -467,3 +467,47 @@ async def test_unchecked_read_is_a_snapshot_and_links_still_catch_damage(
                 list(scan_encoded_chain(raws, verify=Verify.LINKS))
     finally:
         rd.close()
+
+
+@pytest.mark.parametrize(("damage", "hole", "head"), [
+    ("UPDATE chains SET head_seq = head_seq + 4", None, 49),
+    ("UPDATE chains SET head_seq = head_seq - 7", None, 49),
+    ("UPDATE chains SET head_hash = zeroblob(32)", None, 49),
+    ("DELETE FROM chains", None, 49),
+    ("DELETE FROM events WHERE seq = 30", 30, 29),
+    ("DELETE FROM events WHERE seq >= 45", None, 44),
+])
+async def test_sqlite_chain_rows_are_checked_against_the_events_at_open(
+    tmp_path: Path, damage: str, hole: int | None, head: int
+) -> None:
+    """The ``chains`` row is derived from the events: a changed row is repaired from
+    them, and a hole below the head is quarantined so the range is fetched again.
+    Either way the chain can be read and extended at once."""
+    path = tmp_path / "s"
+    events = chain(50)
+    await filled("sqlite", path, events)
+    conn = sqlite3.connect(path / "ketten.sqlite3")
+    conn.execute(damage)
+    conn.commit()
+    conn.close()
+
+    store = SqliteStore(path=str(path))
+    await store.open()
+    try:
+        repairs = store.head_repairs()
+        assert [r.criterion for r in repairs] == [CRIT]
+        assert repairs[0].hole == hole
+        assert await store.head(CRIT) == events[head]
+        assert await store.range(CRIT) == events[:head + 1]
+        assert await store.quarantined() == ({} if head == 49 else {CRIT: (head + 1, 50)})
+        await store.append(events[head + 1:])  # the refill the node's sync would do
+        assert await store.range(CRIT) == events
+        assert await store.quarantined() == {}
+    finally:
+        await store.aclose()
+    store = SqliteStore(path=str(path))
+    await store.open()
+    try:
+        assert store.head_repairs() == []
+    finally:
+        await store.aclose()

@@ -7,7 +7,10 @@ Options (``NodeConfig.options["store"]``):
     ``<path>/ketten.sqlite3``.
 ``check_on_open``
     Run SQLite's ``quick_check`` of the whole file when opening (default
-    ``True``): damaged pages are then found before anything is served.
+    ``True``): damaged pages are then found before anything is served; and
+    check each chain's row against its events, repairing a row that differs
+    and quarantining a chain from the first seq missing below its head
+    (:mod:`ketten.plugins.sqlite_store._heads`).
 ``inline_limit``
     Seconds (default ``0.005``; ``0`` turns it off). A transaction of small
     appends (up to 64 events) runs its inserts on the event loop's thread:
@@ -68,6 +71,7 @@ from ._access import (
     read_main,
 )
 from ._cache import ChainCache
+from ._heads import HeadRepair, reconcile_heads
 from ._inline import InlineCommits
 from ._schema import DB_NAME, check_existing, corrupted, migrate, owns_directory
 
@@ -143,6 +147,7 @@ class SqliteStore:
 
     _path: str = attrs.field(alias="path")
     _check_on_open: bool = attrs.field(default=True, alias="check_on_open")
+    _repairs: list[HeadRepair] = attrs.field(factory=list, init=False)
     _inline_limit: float = attrs.field(default=0.005, alias="inline_limit")
     _inline: InlineCommits = attrs.field(init=False)
     _inline_runs: int = attrs.field(default=0, init=False)
@@ -232,6 +237,17 @@ class SqliteStore:
                     self._db_path, sqlite3.DatabaseError("; ".join(problems[:3])),
                     self._page_size,
                 )
+            for repair in reconcile_heads(writer):
+                self._repairs.append(repair)
+                _events.warning(
+                    "store_repaired", "%s: chain %s had head %s in its row but %s in its "
+                    "events%s; the row now says %s", self._db_path, repair.criterion.hex()[:16],
+                    _position(repair.row), _position(repair.head),
+                    "" if repair.hole is None else
+                    f" (seq {repair.hole} missing: quarantined from there, to be fetched again "
+                    "from peers)", _position(repair.head),
+                    key=f"heads:{repair.criterion.hex()}", path=self._db_path,
+                    criterion=repair.criterion.hex(), hole=repair.hole)
 
     async def aclose(self) -> None:
         """Close the connections once running reads and writes are done (the store can be
@@ -640,6 +656,11 @@ class SqliteStore:
                             criterion=criterion.hex(), from_seq=from_seq, removed=removed)
         return removed
 
+    def head_repairs(self) -> list[HeadRepair]:
+        """The chains whose row (head seq and hash) did not match their events when
+        the store was opened, and how each was repaired (``check_on_open`` only)."""
+        return list(self._repairs)
+
     async def quarantined(self) -> dict[bytes, tuple[int, int]]:
         """``{criterion: (from_seq, old_height)}`` of quarantined ranges not yet refilled.
 
@@ -796,6 +817,10 @@ class SqliteStore:
             return {name: bytes(value) for name, value in rows}
 
         return await self._read(scan)
+
+
+def _position(head: tuple[int, bytes] | None) -> str:
+    return "none" if head is None else f"seq {head[0]} ({head[1].hex()[:16]})"
 
 
 def _store_head(conn: sqlite3.Connection, criterion: bytes, head: tuple[int, bytes] | None) -> None:
