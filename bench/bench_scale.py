@@ -250,6 +250,9 @@ def baseline(args: argparse.Namespace) -> dict[str, float] | None:
 
 
 def show(label: str, figures: dict[str, float], in_flight: int) -> None:
+    if not in_flight:
+        print(f"{label}: one at a time {figures['sequential_per_s']:.1f} publishes/s")
+        return
     print(f"{label}: one at a time {figures['sequential_per_s']:.1f} publishes/s; "
           f"{in_flight} in flight: {figures['in_flight_ok']:.0f} acknowledged "
           f"({100 * figures['in_flight_ok'] / in_flight:.1f} %) in {figures['in_flight_s']:.1f} s "

@@ -191,15 +191,26 @@ class StaticOverlay:
                 break
         return out
 
-    def _admit(self, peer: Peer) -> None:
+    def _admit(self, peer: Peer, *, proven: bool = True) -> None:
+        """Take ``peer`` as a member at its address. ``proven``: it answered a hello
+        sent to that address; otherwise the address is only claimed (an inbound
+        hello), and a claim neither moves a known member nor takes an address
+        from another member: the claimed address is dialled in the next round."""
         if peer.public_key == self.node.identity.public_key:
             return
+        known = self._members.get(peer.public_key)
+        if not proven:
+            holder = next((k for k, m in self._members.items()
+                           if m.peer.address == peer.address), None)
+            if holder != peer.public_key and (known is not None or holder is not None):
+                if len(self._candidates) < _MAX_CANDIDATES:
+                    self._candidates.setdefault(peer.address, 0)
+                return
         self._candidates.pop(peer.address, None)
         for key, member in list(self._members.items()):
-            if (member.peer.address == peer.address and key != peer.public_key
+            if (proven and member.peer.address == peer.address and key != peer.public_key
                     and member.down_since is None):
                 member.down_since = trio.current_time()
-        known = self._members.get(peer.public_key)
         if known is None:
             self._members[peer.public_key] = _Member(peer, peer.node_id)
             self._dirty = True
@@ -272,7 +283,7 @@ class StaticOverlay:
             raise ProtocolError(f"{peer.node_id.hex()[:16]} is not admitted to this network "
                                 "(its key is not listed and it has no valid ticket)")
         self._counts["hellos_served"] += 1
-        self._admit(peer)
+        self._admit(peer, proven=False)
         self._learn(body.get("known"), "hello")
         return self._body({"r": self.node.config.replication, "known": self._known()})
 

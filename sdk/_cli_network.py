@@ -67,7 +67,7 @@ class ClientSettings:
             store = "sqlite"
             options["store"] = {"path": str(self.data)}
         return NodeConfig(transport="tcp", overlay="kademlia", store=store, identity=identity,
-                          replication=self.replication, options=options)
+                          replication=self.replication, client=True, options=options)
 
 
 @asynccontextmanager
@@ -82,7 +82,7 @@ async def client_node(settings: ClientSettings) -> AsyncIterator[Node]:
         async with open_node(config) as node:
             joining.deadline = math.inf
             assert node.overlay is not None
-            if len(node.overlay.nearest(node.identity.node_id, 2)) < 2:
+            if not node.overlay.nearest(node.identity.node_id, 1):
                 raise PeerUnreachable(f"no bootstrap node answered: "
                                       f"{await _why_unreachable(node, settings.bootstrap)}")
             yield node

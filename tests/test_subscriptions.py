@@ -295,6 +295,28 @@ async def test_bad_criteria_are_usage_errors(plugins, autojump_clock) -> None:
         with pytest.raises(UsageError):
             async with node.subscribe("a", start=-1):
                 pass
+        with pytest.raises(UsageError, match=r"'latest'.*got 'newest'"):
+            async with node.subscribe("a", start="newest"):
+                pass
+
+
+async def test_start_latest_and_earliest_as_kafka_names_them(plugins, autojump_clock) -> None:
+    async with sub_cluster(plugins, 4) as c:
+        key, index = await published(c, "ends", 3)
+        node = c.nodes[index]
+        got: dict[str, list[int]] = {"latest": [], "earliest": []}
+        async with node.subscribe("ends", start="latest") as latest, \
+                node.subscribe("ends", start="earliest") as earliest:
+            await publish(node, key, b"after", 3)
+            with trio.fail_after(30):
+                async for event in latest:
+                    got["latest"].append(event.seq)
+                    break
+                async for event in earliest:
+                    got["earliest"].append(event.seq)
+                    if event.seq == 3:
+                        break
+        assert got == {"latest": [3], "earliest": [0, 1, 2, 3]}
 
 
 # -- durable subscriptions in simulation -----------------------------------

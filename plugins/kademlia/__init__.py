@@ -45,7 +45,7 @@ import logging
 import math
 import random
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
 import trio
@@ -192,9 +192,18 @@ class KademliaOverlay:
     """The most contacts the table held: a network smaller than k never fills it, so
     only a table below k that lost contacts calls for joining again."""
     _counts: dict[str, int] = attrs.field(init=False)
+    _client: bool = attrs.field(default=False, init=False)
+    _verifying: set[str] = attrs.field(factory=set, init=False)
+    """Claimed addresses being pinged before their nodes may enter the table."""
+
+    supports_client: ClassVar[bool] = True
+    """A client node (``NodeConfig.client``) looks nodes up but never enters a
+    routing table: its requests say so, and it leaves itself out of its own
+    closest sets."""
 
     def __attrs_post_init__(self) -> None:
         self._own = int.from_bytes(self._node.identity.node_id, "big")
+        self._client = bool(getattr(self._node.config, "client", False))
         if not puzzle_ok(self._node.identity.node_id, self.options.puzzle_difficulty):
             raise ConfigError(
                 f"this node's identity does not solve the id puzzle of difficulty "
@@ -266,7 +275,8 @@ class KademliaOverlay:
         target = int.from_bytes(key, "big")
         lookup = await self._lookup(target, self._breadth(count))
         found = lookup.result(count)
-        found.append(Contact(self._own, self._local_peer()))
+        if not self._client:
+            found.append(Contact(self._own, self._local_peer()))
         found.sort(key=lambda c: c.id ^ target)
         return [c.peer for c in found[:count]]
 
@@ -284,7 +294,8 @@ class KademliaOverlay:
         routing table alone: no network traffic."""
         target = int.from_bytes(key, "big")
         found = self._table.closest(target, count)
-        found.append(Contact(self._own, self._local_peer()))
+        if not self._client:
+            found.append(Contact(self._own, self._local_peer()))
         found.sort(key=lambda c: c.id ^ target)
         return [c.peer for c in found[:count]]
 
@@ -394,6 +405,8 @@ class KademliaOverlay:
                 self._failed(expected)
 
     async def _rpc(self, address: str, body: Any) -> tuple[Peer, Any]:
+        if self._client:
+            body = {**body, "client": True}
         # Kademlia requests are reads: repeating a lost one is safe.
         peer, answer = await self._node.request(address, SERVICE, body,
                                                 timeout=self.options.rpc_timeout,
@@ -412,6 +425,30 @@ class KademliaOverlay:
         if seen.outcome is Outcome.ADDED:
             self._joined(peer)
 
+    def _heard(self, peer: Peer) -> None:
+        """A request came from ``peer``: its key is proven, its address only claimed.
+        A contact known at that address is refreshed; any other is pinged at the
+        address first and enters the table from the answer (at most ``k`` such
+        pings at a time)."""
+        known = self._table.get(int.from_bytes(peer.node_id, "big"))
+        if known is not None and known.peer.address == peer.address:
+            self._observe(peer)
+            return
+        if (self._nursery is None or peer.address in self._verifying
+                or len(self._verifying) >= self.options.k):
+            return
+        self._verifying.add(peer.address)
+        self._nursery.start_soon(self._verify, peer.address)
+
+    async def _verify(self, address: str) -> None:
+        try:
+            _peer, answer = await self._rpc(address, {"op": "ping"})  # observes who answered
+            _check_pong(answer)
+        except KettenError as exc:
+            _log.debug("claimed address %s did not answer: %s", address, exc)
+        finally:
+            self._verifying.discard(address)
+
     def _after(self, seen: Observation) -> None:
         if seen.ping is not None and self._nursery is not None:
             self._nursery.start_soon(self._ping, seen.ping.peer.address, seen.ping)
@@ -427,8 +464,10 @@ class KademliaOverlay:
 
     async def _serve(self, peer: Peer, body: Any) -> Any:
         op = field(body, "op", str, where="kad request")
+        member = body.get("client") is not True  # a client is answered, never added
         if op == "ping":
-            self._observe(peer)
+            if member:
+                self._heard(peer)
             self._counts["requests_served"] += 1
             return {"op": "pong"}
         if op == "find":
@@ -441,7 +480,8 @@ class KademliaOverlay:
                 if count < 1:
                     raise DecodeError("count must be positive", where="kad find request")
                 wanted = max(wanted, min(count, MAX_REPLY_CONTACTS))
-            self._observe(peer)
+            if member:
+                self._heard(peer)
             self._counts["requests_served"] += 1
             sender = int.from_bytes(peer.node_id, "big")
             nearest = self._table.closest(int.from_bytes(target, "big"), wanted,

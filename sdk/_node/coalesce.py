@@ -1,8 +1,9 @@
 """Requests to one peer made in the same scheduler pass travel as one.
 
-A caller queues its item for an address; the first item of a pass starts a
-sender in the node's nursery that waits one scheduler pass, then sends every
-item queued for that address meanwhile (in batches of at most ``max_batch``
+A caller queues its item for a destination (a member: its address and the
+key that must answer there); the first item of a pass starts a sender in the
+node's nursery that waits one scheduler pass, then sends every item queued
+for that destination meanwhile (in batches of at most ``max_batch``
 items and, with ``size``, ``max_bytes`` bytes) and hands each caller its own
 answer. A caller that stops waiting does not
 cut the batch short for the others.
@@ -10,7 +11,7 @@ cut the batch short for the others.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 import attrs
@@ -18,6 +19,7 @@ import trio
 
 __all__ = ["Coalescer"]
 
+Dest = TypeVar("Dest", bound=Hashable)
 Item = TypeVar("Item")
 Answer = TypeVar("Answer")
 
@@ -30,32 +32,32 @@ class _Slot(Generic[Item, Answer]):
 
 
 @attrs.define(eq=False)
-class Coalescer(Generic[Item, Answer]):
-    """Batches items per address; ``send(address, items)`` returns one answer per item
+class Coalescer(Generic[Dest, Item, Answer]):
+    """Batches items per destination; ``send(dest, items)`` returns one answer per item
     (``None``: none came) and must not raise."""
 
-    send: Callable[[str, list[Item]], Awaitable[Sequence[Answer | None]]]
+    send: Callable[[Dest, list[Item]], Awaitable[Sequence[Answer | None]]]
     nursery: Callable[[], trio.Nursery]
     max_batch: int
     size: Callable[[Item], int] | None = None
     """The bytes an item adds to a request (``None``: batches are bounded by count only)."""
     max_bytes: int = 0
-    _queues: dict[str, list[_Slot[Item, Answer]]] = attrs.field(factory=dict, init=False)
+    _queues: dict[Dest, list[_Slot[Item, Answer]]] = attrs.field(factory=dict, init=False)
 
-    async def call(self, address: str, item: Item) -> Answer | None:
-        """``item``'s answer from ``address`` (``None``: none came)."""
+    async def call(self, dest: Dest, item: Item) -> Answer | None:
+        """``item``'s answer from ``dest`` (``None``: none came)."""
         slot: _Slot[Item, Answer] = _Slot(item)
-        queue = self._queues.get(address)
+        queue = self._queues.get(dest)
         if queue is None:
-            queue = self._queues[address] = []
-            self.nursery().start_soon(self._flush, address)
+            queue = self._queues[dest] = []
+            self.nursery().start_soon(self._flush, dest)
         queue.append(slot)
         await slot.done.wait()
         return slot.answer
 
-    async def _flush(self, address: str) -> None:
+    async def _flush(self, dest: Dest) -> None:
         await trio.lowlevel.checkpoint()
-        queue = self._queues.pop(address)
+        queue = self._queues.pop(dest)
         batches: list[list[_Slot[Item, Answer]]] = [[]]
         used = 0
         for slot in queue:
@@ -68,12 +70,12 @@ class Coalescer(Generic[Item, Answer]):
             used += cost
         async with trio.open_nursery() as nursery:
             for batch in batches:
-                nursery.start_soon(self._send, address, batch)
+                nursery.start_soon(self._send, dest, batch)
 
-    async def _send(self, address: str, batch: list[_Slot[Item, Answer]]) -> None:
+    async def _send(self, dest: Dest, batch: list[_Slot[Item, Answer]]) -> None:
         answers: Sequence[Answer | None] = ()
         try:
-            answers = await self.send(address, [slot.item for slot in batch])
+            answers = await self.send(dest, [slot.item for slot in batch])
         finally:
             if len(answers) != len(batch):
                 answers = [None] * len(batch)

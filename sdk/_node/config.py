@@ -25,6 +25,11 @@ def _positive_number(_: object, attribute: attrs.Attribute[float], value: float)
         raise ConfigError(f"{attribute.name} must be a positive number, got {value!r}")
 
 
+def _boolean(_: object, attribute: attrs.Attribute[bool], value: bool) -> None:
+    if type(value) is not bool:
+        raise ConfigError(f"{attribute.name} must be True or False, got {value!r}")
+
+
 def _plugin_name(_: object, attribute: attrs.Attribute[Any], value: str | None) -> None:
     if value is not None and (not isinstance(value, str) or not value):
         raise ConfigError(f"{attribute.name} must be a plugin name, got {value!r}")
@@ -71,6 +76,12 @@ class NodeConfig:
     """Upper bound on the events returned by one sync request, in bytes."""
     request_timeout: float = attrs.field(default=5.0, validator=_positive_number)
     """Seconds to wait for one peer's reply before giving up on it."""
+    client: bool = attrs.field(default=False, validator=_boolean)
+    """A client node publishes, reads and subscribes through the network but
+    never becomes one of its members: peers do not put it in their routing
+    tables or remember it, so it is never chosen as a broker, and leaving for
+    good costs the network nothing. For short-lived processes, such as the
+    ``ketten`` command's. Needs an overlay that supports it (``kademlia``)."""
     options: Mapping[str, Mapping[str, Any]] = attrs.field(factory=dict, validator=_options)
 
     def options_for(self, kind: str) -> Mapping[str, Any]:

@@ -599,7 +599,8 @@ class Feed:
             try:
                 # A lease (or its drop) is versioned: a second copy changes nothing.
                 peer, reply = await feeds.rpc.call_raw(feeds.address(member), _SERVICE,
-                                                       {**body, "c": keys}, retransmit=True)
+                                                       {**body, "c": keys}, retransmit=True,
+                                                       expect=member.key)
                 commits = field(reply, "h", list, where="lease reply")
                 if len(commits) != len(keys):
                     raise DecodeError("one commit per criterion expected", where="lease reply")
@@ -882,8 +883,13 @@ MakeFeed = Callable[[tuple[bytes, ...], bytes, "str | None", Mapping[bytes, int]
                      "Mapping[str, Any] | None"], Feed]
 
 
+_START_ALIASES: Mapping[str, int | str] = {"latest": "head", "earliest": 0}
+"""The names Kafka users know for the two ends of a chain."""
+
+
 async def start_positions(keys: tuple[bytes, ...], start: int | str | Mapping[Any, int],
                           head: Callable[[bytes], Awaitable[Pos | None]]) -> dict[bytes, int]:
+    start = _START_ALIASES.get(start, start) if isinstance(start, str) else start
     if start == "head":
         positions: dict[bytes, int] = {}
         for key in keys:
@@ -902,7 +908,8 @@ async def start_positions(keys: tuple[bytes, ...], start: int | str | Mapping[An
                 raise UsageError("start positions must be ints >= 0")
             positions[key] = seq
         return positions
-    raise UsageError("start must be a seq >= 0, a {criterion: seq} map or 'head'")
+    raise UsageError(f"start must be a seq >= 0, a {{criterion: seq}} map, 'head' (alias "
+                     f"'latest') or 'earliest' (seq 0), got {start!r}")
 
 
 @asynccontextmanager

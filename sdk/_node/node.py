@@ -28,6 +28,7 @@ from .._core.messages import CommitQuery, CommitReply
 from .._core.quota import RateLimit
 from .._core.read import ReadAttempt, ReadStep
 from ..errors import (
+    ConfigError,
     InternalError,
     KettenError,
     PeerUnreachable,
@@ -106,7 +107,8 @@ class Node:
     _feeds: Feeds = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self._rpc = Rpc(_NoTransport(), self.config.request_timeout)  # type: ignore[arg-type]
+        self._rpc = Rpc(_NoTransport(), self.config.request_timeout,  # type: ignore[arg-type]
+                        client=self.config.client)
         self._rng = random.Random(self.identity.node_id)
         self._options = ReplicationOptions.parse(
             self.config.options_for("replication"), request_timeout=self.config.request_timeout,
@@ -448,7 +450,8 @@ class Node:
         with trio.move_on_after(max(0.01, until - trio.current_time())):
             try:
                 _, reply = await self._rpc.call(self._sets.address(target),
-                                                CommitQuery(key, urge), retransmit=True)
+                                                CommitQuery(key, urge), retransmit=True,
+                                                expect=target.key)
             except KettenError:
                 return None
             return reply if isinstance(reply, CommitReply) else None
@@ -639,7 +642,8 @@ class Node:
         ``config.delivery``; e.g. ``"causal"``), built with ``options`` plus
         ``criteria`` and ``start``. ``start`` is the first seq (default 0: the
         whole chain, then live events), a ``{criterion: seq}`` map, or
-        ``"head"`` (only events committed after subscribing). Leaving the
+        ``"head"`` (only events committed after subscribing; ``"latest"`` is
+        the same, ``"earliest"`` is 0, as Kafka names them). Leaving the
         block drops the leases.
 
         A slow application never makes the subscription hold more than the
@@ -772,6 +776,9 @@ async def open_node(
     if config.overlay is not None:
         node._overlay = make_plugin(
             pm, "overlay", config.overlay, config.options_for("overlay"), node)
+    if config.client and not getattr(node._overlay, "supports_client", False):
+        raise ConfigError(f"client=True needs an overlay that supports client nodes, such "
+                          f"as 'kademlia'; {config.overlay!r} does not")
     node._wire()
     await node.store.open()
     # An error raised by the application's block is re-raised as itself, not

@@ -85,7 +85,7 @@ class Publisher:
     _built: OrderedDict[bytes, PublishAttempt] = attrs.field(factory=OrderedDict, init=False)
     _events: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(_log), init=False)
     """Events built lately, by the call that built them."""
-    _offers: Coalescer[OfferItem, OfferAnswer] = attrs.field(init=False)
+    _offers: Coalescer[Member, OfferItem, OfferAnswer] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._turns = trio.Semaphore(self.max_publishing)
@@ -262,7 +262,7 @@ class Publisher:
                 except KettenError:
                     answer = None
         else:
-            answer = await self._offers.call(self.sets.address(target), item)
+            answer = await self._offers.call(target, item)
         if answer is None or answer.event is None or offered is None:
             return answer, None
         try:
@@ -272,12 +272,13 @@ class Publisher:
         self.observe(event)
         return answer, event
 
-    async def _send_offers(self, address: str,
+    async def _send_offers(self, target: Member,
                            items: list[OfferItem]) -> Sequence[OfferAnswer | None]:
         # Offers to one broker made in the same scheduler pass travel in one request.
         try:
-            _, reply = await self.rpc.call(address, Offer(tuple(items)),
-                                           timeout=self.request_timeout + 0.5, retransmit=True)
+            _, reply = await self.rpc.call(self.sets.address(target), Offer(tuple(items)),
+                                           timeout=self.request_timeout + 0.5, retransmit=True,
+                                           expect=target.key)
         except KettenError:
             return ()
         return reply.answers if len(reply.answers) == len(items) else ()

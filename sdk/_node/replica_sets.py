@@ -111,18 +111,19 @@ class ReplicaSets:
     _known_dirty: bool = attrs.field(default=False, init=False)
     _lookups: int = attrs.field(default=0, init=False)
     _near_asks: int = attrs.field(default=0, init=False)
-    _locates: Coalescer[bytes, tuple[Route | None, bool]] = attrs.field(init=False)
+    _locates: Coalescer[Member, bytes, tuple[Route | None, bool]] = attrs.field(init=False)
     _desired: OrderedDict[bytes, tuple[int, list[Member]]] = attrs.field(factory=OrderedDict,
                                                                       init=False)
 
     def __attrs_post_init__(self) -> None:
         self._locates = Coalescer(self._send_locate, self.nursery, MAX_BATCH)
 
-    async def _send_locate(self, address: str,
+    async def _send_locate(self, member: Member,
                            criteria: list[bytes]) -> list[tuple[Route | None, bool]]:
         try:
-            _, reply = await self.rpc.call(address, Locate(tuple(criteria)),
-                                           timeout=self.timeout / 2, retransmit=True)
+            _, reply = await self.rpc.call(self.address(member), Locate(tuple(criteria)),
+                                           timeout=self.timeout / 2, retransmit=True,
+                                           expect=member.key)
         except KettenError:
             return []
         if len(reply.routes) != len(criteria):
@@ -134,7 +135,7 @@ class ReplicaSets:
         """What ``member`` knows of ``criterion``: its route and whether it holds a copy
         (``None``: it did not answer). Asks made in one scheduler pass to one node
         travel in one request."""
-        return await self._locates.call(self.address(member), criterion)
+        return await self._locates.call(member, criterion)
 
     @property
     def hedge(self) -> float:

@@ -930,7 +930,8 @@ class Replicator:
             async def one(member: Member) -> None:
                 try:
                     _, reply = await self.rpc.call(self.sets.address(member), Vote((item,)),
-                                                   timeout=timeout, retransmit=True)
+                                                   timeout=timeout, retransmit=True,
+                                                   expect=member.key)
                 except KettenError:
                     self._counts["peer_failures"] += 1
                     return
@@ -1057,7 +1058,7 @@ class Replicator:
                 peer, reply = await self.rpc.call(self.sets.address(member),
                                                   Locate((criterion,)),
                                                   timeout=self.options.request_timeout,
-                                                  retransmit=True)
+                                                  retransmit=True, expect=member.key)
             except KettenError:
                 continue
             route = reply.routes[0] if reply.routes else None
@@ -1194,7 +1195,8 @@ class Replicator:
         self._counts["appends_sent"] += sum(len(i.events) for i in items)
         try:
             _, reply = await self.rpc.call(self.sets.address(outbox.member), Append(tuple(items)),
-                                           timeout=self.options.request_timeout, retransmit=True)
+                                           timeout=self.options.request_timeout, retransmit=True,
+                                           expect=outbox.member.key)
         except KettenError as exc:
             _log.debug("append to %s failed: %s", outbox.member.address, exc)
             self._counts["peer_failures"] += 1
@@ -1459,7 +1461,7 @@ class Replicator:
                 try:
                     _, reply = await self.rpc.call(
                         self.sets.address(Member(leader, address)), CommitQuery(criterion),
-                        timeout=self.options.request_timeout, retransmit=True)
+                        timeout=self.options.request_timeout, retransmit=True, expect=leader)
                     if reply.kind == "commit":
                         return  # alive and leading: it moves the chain
                 except KettenError:
@@ -1578,7 +1580,7 @@ class Replicator:
         address = self.sets.address(member)
         try:
             peer, reply = await self.rpc.call(address, Digest(mine), timeout=timeout,
-                                              retransmit=True)
+                                              retransmit=True, expect=key)
         except KettenError:
             self._counts["peer_failures"] += 1
             self._pacing.out_of_step(key)
@@ -1689,7 +1691,7 @@ class Replicator:
             try:
                 _, reply = await self.rpc.call(
                     self.sets.address(member), CommitQuery(criterion, urge=leader is None),
-                    timeout=self.options.request_timeout, retransmit=True)
+                    timeout=self.options.request_timeout, retransmit=True, expect=member.key)
             except KettenError:
                 self._counts["peer_failures"] += 1
                 continue

@@ -23,8 +23,9 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
+from .._core.identity import node_id_of
 from .._core.messages import Request
-from .._wire import decode_message, encode_message
+from .._wire import decode_envelope, encode_message
 from ..errors import (
     DecodeError,
     InternalError,
@@ -54,6 +55,8 @@ class RpcStatistics:
     decode_errors: int
     internal_errors: int
     messages_taken: int
+    wrong_responders: int
+    """Answers refused because another node than the one asked answered."""
 
 
 _BUG_LOG = RateLimitedLog(_task_log)
@@ -79,9 +82,12 @@ class Rpc:
     transport: Transport
     request_timeout: float
     seen: Callable[[Peer, bool], None] = lambda peer, reached: None
-    """Called with every peer that sent an authenticated request, message or reply;
-    ``reached``: it answered a request sent to its address (which it only claims
-    when it sends)."""
+    """Called with every peer that sent an authenticated request, message or reply,
+    unless it is a client node; ``reached``: it answered a request sent to its
+    address (which it only claims when it sends)."""
+    client: bool = False
+    """This node is a client: every envelope it sends says so, and peers do not
+    remember it as a member of the network."""
     _services: dict[str, RawService] = attrs.field(factory=dict, init=False)
     _messages: dict[str, RawMessageService] = attrs.field(factory=dict, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
@@ -124,16 +130,22 @@ class Rpc:
     # -- calling ---------------------------------------------------------------
 
     async def call(self, address: str, request: Request, *, timeout: float | None = None,
-                   retransmit: bool = False) -> tuple[Peer, Any]:
+                   retransmit: bool = False, expect: bytes | None = None) -> tuple[Peer, Any]:
         """Send ``request`` and return the authenticated peer that answered and its
         decoded reply.
 
-        Raises :class:`~ketten.errors.PeerUnreachable` (refused, or no reply in
-        ``timeout``), :class:`~ketten.errors.RemoteError` (the peer answered with
-        an error), :class:`~ketten.errors.DecodeError` (a malformed reply).
+        ``expect``: the public key of the node meant; an answer authenticated
+        by another key (the address now belongs to someone else, or a peer
+        claimed it) is a failure, so that one node's answer is never counted
+        as another's.
+
+        Raises :class:`~ketten.errors.PeerUnreachable` (refused, no reply in
+        ``timeout``, or answered by a node other than ``expect``),
+        :class:`~ketten.errors.RemoteError` (the peer answered with an error),
+        :class:`~ketten.errors.DecodeError` (a malformed reply).
         """
         peer, body = await self.call_raw(address, request.SERVICE, request.to_wire(),
-                                         timeout=timeout, retransmit=retransmit)
+                                         timeout=timeout, retransmit=retransmit, expect=expect)
         try:
             return peer, request.Reply.from_wire(body)
         except DecodeError as exc:
@@ -141,10 +153,11 @@ class Rpc:
 
     async def call_raw(self, address: str, service: str, body: Any, *,
                        timeout: float | None = None,
-                       retransmit: bool = False) -> tuple[Peer, Any]:
+                       retransmit: bool = False,
+                       expect: bytes | None = None) -> tuple[Peer, Any]:
         """Like :meth:`call` with a plain body under a service name."""
         limit = self.request_timeout if timeout is None else timeout
-        data = encode_message(service, body)
+        data = encode_message(service, body, client=self.client)
         with trio.move_on_after(limit):
             # A transport that cannot lose frames (TCP) gets nothing from a
             # second copy but the extra work of answering it.
@@ -152,8 +165,14 @@ class Rpc:
                 reply = await self._with_retransmits(address, data, limit)
             else:
                 reply = await self.transport.request(address, data)
-            self.seen(reply.peer, True)
-            name, reply_body = decode_message(reply.data)
+            if expect is not None and reply.peer.public_key != expect:
+                self._counts["wrong_responders"] += 1
+                raise PeerUnreachable(
+                    f"{address} answered as node {reply.peer.node_id.hex()[:16]}, not as "
+                    f"the node it was asked as ({node_id_of(expect).hex()[:16]})")
+            name, reply_body, from_client = decode_envelope(reply.data)
+            if not from_client:
+                self.seen(reply.peer, True)
             if name != service:
                 raise ProtocolError(f"{address} answered a {service!r} request as {name!r}")
             return reply.peer, reply_body
@@ -184,24 +203,25 @@ class Rpc:
 
     async def notify(self, address: str, service: str, body: Any) -> None:
         """Send a one-way message (it may be lost)."""
-        await self.transport.send(address, encode_message(service, body))
+        await self.transport.send(address, encode_message(service, body, client=self.client))
 
     # -- the transport's handler ---------------------------------------------------
 
     async def handle_request(self, peer: Peer, data: bytes) -> bytes:
-        self.seen(peer, False)
         try:
-            service, body = decode_message(data)
+            service, body, from_client = decode_envelope(data)
         except DecodeError:
             self._counts["decode_errors"] += 1
             raise
+        if not from_client:
+            self.seen(peer, False)
         handler = self._services.get(service)
         if handler is None:
             self._counts["requests_refused"] += 1
             raise ProtocolError(f"unknown service {service!r}")
         try:
             answer = await handler(peer, body)
-            encoded = encode_message(service, answer)
+            encoded = encode_message(service, answer, client=self.client)
         except DecodeError:
             self._counts["decode_errors"] += 1
             raise
@@ -220,12 +240,13 @@ class Rpc:
         return encoded
 
     async def handle_message(self, peer: Peer, data: bytes) -> None:
-        self.seen(peer, False)
         try:
-            service, body = decode_message(data)
+            service, body, from_client = decode_envelope(data)
         except DecodeError:
             self._counts["decode_errors"] += 1
             return
+        if not from_client:
+            self.seen(peer, False)
         handler = self._messages.get(service)
         if handler is None:
             self._counts["requests_refused"] += 1

@@ -102,14 +102,15 @@ class RawClient:
 async def raw_connect(address: str, *, identity: Identity | None = None,
                       params: NetworkParams | None = None, hello: Hello | None = None,
                       signature: bytes | None = None,
-                      local_address: str | None = None) -> tuple[RawClient, Any]:
+                      local_address: str | None = None,
+                      claimed: str = "127.0.0.1:1") -> tuple[RawClient, Any]:
     """Connect (from ``local_address``, an IP of this host) and run the handshake by
     hand; returns the client and the node's last frame."""
     host, port = parse_address(address)
     stream = await trio.open_tcp_stream(host, port, local_address=local_address)
     client = RawClient(stream, FrameDecoder(1 << 22))
     shake = Handshake(identity or Identity.generate(), params or NetworkParams(),
-                      "127.0.0.1:1", initiator=True, nonce=secrets.token_bytes(32))
+                      claimed, initiator=True, nonce=secrets.token_bytes(32))
     await stream.send_all(encode_frame(hello or shake.hello()))
     theirs = await client.frame()
     if not isinstance(theirs, Hello):
@@ -134,8 +135,9 @@ class HostilePeer:
     """
 
     def __init__(self, address: str, identity: Identity | None = None,
-                 params: NetworkParams | None = None) -> None:
+                 params: NetworkParams | None = None, claimed: str = "127.0.0.1:1") -> None:
         self.address = address
+        self.claimed = claimed
         self.identity = identity or Identity.generate()
         self.params = params or NetworkParams()
         self.closes = 0
@@ -145,7 +147,7 @@ class HostilePeer:
     async def _connected(self) -> RawClient:
         if self._client is None:
             client, answer = await raw_connect(self.address, identity=self.identity,
-                                               params=self.params)
+                                               params=self.params, claimed=self.claimed)
             if not isinstance(answer, Auth):
                 raise AssertionError(f"the handshake with {self.address} failed: {answer}")
             self._client = client
