@@ -35,13 +35,15 @@ __all__ = ["gosskip"]
               help="Rounds (virtual seconds) measured after the warm-up.")
 @click.option("--warmup", type=click.IntRange(0), default=12, show_default=True,
               help="Rounds of gossip before measuring.")
+@click.option("--interval", type=click.IntRange(1), default=30, show_default=True,
+              help="Rounds per churn-measuring interval (and Algorithm 1's timer).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 @click.option("--out", "out", type=click.Path(file_okay=False, path_type=Path),
               default=Path("ketten-sim-out"), show_default=True,
               help="Directory for topics.csv, topics.md and work_vs_churn.png.")
 def gosskip(nodes: int, topics: int, churn: str, churn_topic: int, churn_rate: float,
-            lookups: float, adaptation: str, rounds: int, warmup: int, seed: int,
-            out: Path) -> int:
+            lookups: float, adaptation: str, rounds: int, warmup: int, interval: int,
+            seed: int, out: Path) -> int:
     """Simulate the GosSkip pub/sub layer (pubnodes, workingnodes, churnnodes) in
     virtual time and measure its fairness under churn.
 
@@ -57,7 +59,8 @@ def gosskip(nodes: int, topics: int, churn: str, churn_topic: int, churn_rate: f
     try:
         configs = [SimConfig(nodes=nodes, topics=topics, churn=churn, churn_topic=churn_topic,
                              churn_rate=churn_rate, lookups=lookups, adaptation=mode,
-                             rounds=rounds, warmup=warmup, seed=seed) for mode in modes]
+                             rounds=rounds, warmup=warmup, interval=interval, seed=seed)
+                   for mode in modes]
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
     results = []

@@ -55,9 +55,11 @@ HANDOVER_CASES = [
     pytest.param((5, 1), (5, 9), (7, 3), "right", 3, True, id="3-right-shared-topic-hand-over"),
     pytest.param((5, 9), (5, 1), (7, 3), "left", 3, False, id="3-left-shared-topic-keep"),
     pytest.param((5, 9), (5, 3), (5, 4), "left", 4, True, id="4a-below-the-manager"),
+    pytest.param((5, 9), (5, 3), (5, 8), "left", 4, True, id="4a-just-below-the-manager"),
     pytest.param((5, 9), (5, 3), (5, 12), "left", 4, False, id="4a-above-the-manager"),
     pytest.param((5, 3), (5, 9), (5, 12), "right", 4, True, id="4b-above-the-neighbour"),
     pytest.param((5, 3), (5, 9), (5, 6), "right", 4, False, id="4b-between-them"),
+    pytest.param((5, 3), (5, 9), (5, 10), "right", 4, True, id="4b-just-above-the-neighbour"),
     pytest.param((5, 3), (7, 1), (5, 8), "right", 5, False, id="5-manager-has-the-topic"),
     pytest.param((5, 3), (3, 1), (5, 1), "left", 5, False, id="5-leftmost-keeps-low-orders"),
 ]
@@ -289,7 +291,7 @@ def test_the_simulation_is_deterministic() -> None:
 
 def test_adaptation_makes_work_fairer_under_churn_in_one_topic() -> None:
     config = dict(nodes=48, topics=4, churn_topic=1, rounds=80, warmup=10, lookups=1.0,
-                  churn_rate=3.0, seed=2)
+                  churn_rate=3.0, interval=10, seed=2)
     diff = {mode: PubSubSimulation(SimConfig(adaptation=mode, **config)).run().max_difference  # type: ignore[arg-type]
             for mode in ("off", "1", "2", "2s")}
     assert diff["1"] < diff["off"]

@@ -23,7 +23,8 @@ Where the seed is silent, this simulation does the following:
 * Workingnodes are provided by subscribers at ``worker_ratio`` : 1 (5.3.8's
   ``x : 1``): every ``worker_ratio``-th subscriber of a topic also joins a
   workingnode at a random order in it, which leaves when the subscriber
-  unsubscribes (its pubnodes then resubscribe, as in the seed).
+  unsubscribes (its pubnodes then resubscribe, as in the seed), unless it is
+  the topic's last workingnode.
 * Lookups and joins start at a random node of the ring (the seed's bootstrap
   oracle). Resubscriptions are work but not churn.
 * There is no separate workingnode ring: procedure 2 samples by walking the
@@ -97,7 +98,7 @@ class SimConfig:
     seed: int = 0
     pubs_per_worker: int = 2
     worker_ratio: int = 4
-    interval: int = 10
+    interval: int = 30
     churnnode_lifetime: int = 30
     stay: int = 10
 

@@ -48,7 +48,7 @@ def markdown(results: Sequence[SimResult]) -> str:
         f"{first.nodes} workingnodes at the start, {first.topics} topics, "
         f"{first.rounds} rounds (after {first.warmup} of warm-up), seed {first.seed}; "
         f"lookup load {first.lookups:g} subscriptions per round over all topics; "
-        f"churn: {churn}.",
+        f"churn: {churn}; churn measured over intervals of {first.interval} rounds.",
         "",
         "| adaptation | max difference of fairness quotients | workingnodes | churnnodes "
         "| resubscriptions |",
