@@ -127,6 +127,9 @@ class TcpStatistics:
     error_replies_sent: int
     bytes_sent: int
     bytes_received: int
+    internal_errors: int
+    """Exceptions of a handler or of this transport that ended one request or one
+    connection (a bug, counted and logged; never the node)."""
 
 
 _HOSTNAME = re.compile(r"(?=.{1,253}$)(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
@@ -605,6 +608,15 @@ class TcpTransport:
             return f"malformed frame: {exc}"
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             return str(exc) or "closed"
+        except Exception as exc:
+            self._bug(f"reading from {conn.peer.address}", exc)
+            return f"internal error: {type(exc).__name__}"
+
+    def _bug(self, what: str, exc: Exception) -> None:
+        self._counts["internal_errors"] += 1
+        self._events.warning("internal_error", "%s failed: %s: %s", what, type(exc).__name__,
+                             exc, key=f"bug:{type(exc).__name__}", exc_info=True,
+                             reason=str(exc))
 
     async def _answer(self, conn: Connection, request: Request, handler: Handler,
                       limiter: trio.Semaphore) -> None:
@@ -616,6 +628,11 @@ class TcpTransport:
             except KettenError as exc:
                 self._counts["error_replies_sent"] += 1
                 frame = ErrorReply(request.req_id, type(exc).__name__, str(exc))
+            except Exception as exc:
+                self._bug(f"a request from {conn.peer.address}", exc)
+                self._counts["error_replies_sent"] += 1
+                frame = ErrorReply(request.req_id, "InternalError",
+                                   "the request failed on this node")
             else:
                 frame = ReplyFrame(request.req_id, answer)
             try:
@@ -631,6 +648,10 @@ class TcpTransport:
                             limiter: trio.Semaphore) -> None:
         try:
             await handler.handle_message(peer, data)
+        except KettenError:
+            pass
+        except Exception as exc:
+            self._bug(f"a message from {peer.address}", exc)
         finally:
             limiter.release()
 

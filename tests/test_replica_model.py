@@ -380,6 +380,22 @@ def test_votes_are_given_once_per_term_and_only_to_the_up_to_date() -> None:
     assert voter.on_vote(KEYS[1], 6, True, (9, 9, 9), 200.0).granted
 
 
+def test_a_voter_whose_store_lost_committed_events_never_elects_a_candidate_without_them(
+) -> None:
+    # The voter's store lost seqs 6..9 (a damaged file, refetched later), but its
+    # commit mark says 9 was committed: a candidate whose log ends before 9 would
+    # lose committed events if it won, however its log compares with the damaged one.
+    first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
+    voter = Replica(KEY, KEYS[2], ChainState(term=3, log_term=3, configs=(first,),
+                                             commit=(9, b"c" * 32)), (5, b"h" * 32))
+    short = (3, 7, 1)
+    assert not voter.on_vote(KEYS[0], 4, True, short, 100.0).granted
+    assert not voter.on_vote(KEYS[0], 4, False, short, 100.0).granted
+    assert voter.state.voted_for is None
+    whole = voter.on_vote(KEYS[1], 4, False, (3, 9, 1), 100.0)
+    assert whole.granted
+
+
 def test_a_voter_ahead_of_a_leaderless_candidate_stands_itself() -> None:
     # Elections start only when someone urges a broker; when the urged broker is
     # behind, the one that refuses it is the one that can win, so it must stand.

@@ -79,6 +79,17 @@ def test_a_command_applied_twice_is_found() -> None:
     assert any("applied twice" in p for p in problems)
 
 
+def test_a_publish_without_a_command_id_applied_twice_is_found() -> None:
+    first = Event.create(AUTHOR, criterion=KEY, seq=0, prev=None, payload=b"once", time=0)
+    again = Event.create(AUTHOR, criterion=KEY, seq=1, prev=first.hash, payload=b"once", time=1)
+    h = History()
+    h.add(Op(0, "invoke", 0.0, KEY, 1, b"once"))
+    h.add(Op(0, "ok", 0.5, KEY, 1, b"once", event=first.hash, seq=0))
+    problems = verdict(h, {0: [first, again], 1: [first, again], 2: [first, again]})
+    assert any("without a command id was applied twice" in p for p in problems)
+    assert verdict(h, {0: [first], 1: [first], 2: [first]}) == ()
+
+
 def test_a_command_nobody_invoked_is_found() -> None:
     chain = events(b"a", b"ghost")
     problems = verdict(history_of(chain[:1]), {0: chain, 1: chain, 2: chain})

@@ -427,3 +427,36 @@ async def test_cancelled_requests_leave_the_shared_connection_whole() -> None:
         answer = await a.call(b.address, "echo", big[:1000], retransmit=True)
         assert answer["body"] == big[:1000]
         assert a.transport.statistics().connections_dialed == 1
+
+
+async def test_a_bug_in_the_handler_ends_one_request_never_the_node(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception that is not a ketten error (a bug, here or in a plugin) from the
+    node's handler is answered as an internal error, or drops one message; the
+    transport counts it and keeps serving."""
+    inbox: list[Any] = []
+    async with tcp_node() as a, tcp_node() as b:
+        echo_services(b, inbox)
+        real_request, real_message = ketten.Node.handle_request, ketten.Node.handle_message
+
+        async def buggy_request(self: ketten.Node, peer: Peer, data: bytes) -> bytes:
+            if self is b and ketten.wire.decode_message(data)[1] == "bug":
+                raise RuntimeError("a bug")
+            return await real_request(self, peer, data)
+
+        async def buggy_message(self: ketten.Node, peer: Peer, data: bytes) -> None:
+            if self is b:
+                raise ZeroDivisionError("another bug")
+            await real_message(self, peer, data)
+
+        monkeypatch.setattr(ketten.Node, "handle_request", buggy_request)
+        monkeypatch.setattr(ketten.Node, "handle_message", buggy_message)
+        for _ in range(3):
+            with pytest.raises(RemoteError, match="failed on this node") as failed:
+                await a.call(b.address, "echo", "bug")
+            assert failed.value.code == "InternalError"
+            await a.notify(b.address, "inbox", "x")
+        assert (await a.call(b.address, "echo", "fine"))["body"] == "fine"
+        await trio.sleep(0.2)
+        assert b.transport.statistics().internal_errors == 6
+        assert inbox == []

@@ -94,13 +94,29 @@ class MainSlice:
     prev: bytes | None
 
 
+def _main_bodies(files: SegmentFiles, criterion: bytes,
+                 part: MainSlice) -> Iterator[tuple[Loc, bytes]]:
+    """The frame bodies of a main-chain slice; a damaged frame is reported with its
+    chain position, so that the node can quarantine the chain from there."""
+    seq = part.start
+    try:
+        for found in files.bodies(part.locs):
+            yield found
+            seq += 1
+    except StoreCorrupted as exc:
+        if exc.criterion is not None or seq - part.start >= len(part.locs):
+            raise
+        raise _damaged(files, criterion, seq, part.locs[seq - part.start],
+                       "frame checksum mismatch or truncated frame") from None
+
+
 def read_main(
     files: SegmentFiles, criterion: bytes, part: MainSlice
 ) -> Iterator[tuple[int, bytes, bytes, Loc]]:
     """``(seq, hash, raw, location)`` of a slice of the main chain, each checked."""
     prev = part.prev
     seq = part.start
-    for (loc, raw), digest in zip(files.bodies(part.locs), part.hashes):
+    for (loc, raw), digest in zip(_main_bodies(files, criterion, part), part.hashes):
         if digest is None:
             raise _damaged(files, criterion, seq, loc, "the record is damaged")
         if seq > 0 and prev is None:
@@ -120,7 +136,7 @@ def read_main_unchecked(
     """``(seq, raw)`` of a slice of the main chain without the per-record hash and
     position checks (the caller proves the hash links); frame checksums are still checked."""
     seq = part.start
-    for (loc, raw), digest in zip(files.bodies(part.locs), part.hashes):
+    for (loc, raw), digest in zip(_main_bodies(files, criterion, part), part.hashes):
         if digest is None:
             raise _damaged(files, criterion, seq, loc, "the record is damaged")
         yield seq, raw

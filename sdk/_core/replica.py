@@ -425,7 +425,12 @@ class Replica:
             proposed is not None and proposed.is_voter(sender))
         if not known:
             return VoteAnswer(False, st.term)
-        up_to_date = rank >= self.rank()
+        # A candidate must also hold every event this broker knows to be committed.
+        # A legitimate one always does (its log is at least as long as any commit
+        # it could have missed); one that does not is possible only after a store
+        # lost committed events, here or there, and must not win.
+        commit = st.commit
+        up_to_date = rank >= self.rank() and (commit is None or rank[1] >= commit[0])
         if pre:
             idle = force or not self.leader_active(now)
             granted = term > st.term and up_to_date and idle

@@ -33,6 +33,7 @@ from ..errors import (
     KettenError,
     PeerUnreachable,
     QuorumUnavailable,
+    StoreCorrupted,
     UsageError,
 )
 from ..interfaces import Clock, Overlay, Peer, Store, Transport
@@ -52,7 +53,7 @@ from .plugins import check_selected, make_plugin, plugin_manager
 from .publisher import ConflictHandler, Publisher
 from .replica_sets import Creation, ReplicaSets
 from .replicator import ReplicationOptions, ReplicationStatistics, Replicator
-from .rpc import Rpc
+from .rpc import Rpc, guarded
 
 __all__ = ["Node", "NodeStatistics", "open_node"]
 
@@ -130,6 +131,7 @@ class Node:
         acquaintances = sets.acquaintances
         self._rpc.seen = lambda peer, reached: acquaintances.saw(
             peer.public_key, peer.address, trio.current_time(), reached=reached)
+        self._rpc.damaged = self._damaged
         replicator = self._replicator = Replicator(self._member, self._rpc, chains, sets,
                                                    self._options, self._rng)
         chains.replicated = replicator.holds
@@ -243,6 +245,12 @@ class Node:
         return int(_time.time() * 1000)
 
     # -- wiring helpers --------------------------------------------------------
+
+    def _damaged(self, exc: StoreCorrupted) -> None:
+        """Stored data of a chain failed its check: quarantine and refill it."""
+        if exc.criterion is None or exc.seq is None or self._nursery is None:
+            return
+        self._nursery.start_soon(guarded, self._replicator.quarantine, exc.criterion, exc.seq)
 
     def _member(self) -> Member:
         return Member(self.identity.public_key, self._address or "unbound")
@@ -512,13 +520,19 @@ class Node:
         first; a leader is elected if the chain has none). ``deadline`` is
         how many seconds to keep trying. Raises
         :class:`~ketten.errors.QuorumUnavailable` if that could not be done
-        in time.
+        in time, and :class:`~ketten.errors.StoreCorrupted` if this node's copy
+        is damaged (the damaged range is then fetched again from the chain's
+        brokers; read again).
         """
         key = self._key(criterion)
         commit, source = await self._committed_head(key, trio.current_time() + deadline)
         if commit is None:
             return []
-        return await self._read_committed(key, commit, source, since)
+        try:
+            return await self._read_committed(key, commit, source, since)
+        except StoreCorrupted as exc:
+            self._damaged(exc)
+            raise
 
     async def replay(self, criterion: bytes | str, from_seq: int = 0) -> AsyncIterator[Event]:
         """The local copy of ``criterion`` from ``from_seq`` to its head, in chain order.

@@ -218,6 +218,9 @@ class ReplicationStatistics:
     of a partition) and the other chain won."""
     recoveries: int
     """Operator recoveries run here (:meth:`ketten.Node.recover`)."""
+    quarantines: int
+    """Chains cut back where the store found damage, to be fetched again from the
+    members (see :meth:`Replicator.quarantine`)."""
     state_writes: int
     lookups: int
 
@@ -233,6 +236,8 @@ class Replicator:
     options: ReplicationOptions
     rng: random.Random
     _replicas: OrderedDict[bytes, Replica] = attrs.field(factory=OrderedDict, init=False)
+    _short: set[bytes] = attrs.field(factory=set, init=False)
+    """Chains whose store holds less than their commit mark when loaded."""
     _reconfigs: dict[bytes, Reconfiguration] = attrs.field(factory=dict, init=False)
     _changed: dict[bytes, trio.Event] = attrs.field(factory=dict, init=False)
     _outboxes: dict[bytes, Outbox] = attrs.field(factory=dict, init=False)
@@ -277,7 +282,7 @@ class Replicator:
         self._counts = dict.fromkeys(
             ("elections_won", "elections_lost", "appends_sent", "append_requests",
              "events_synced", "forks_resolved", "reconfigurations", "anti_entropy_rounds",
-             "full_rounds", "digests_sent", "peer_failures", "chains_yielded", "recoveries"), 0)
+             "full_rounds", "digests_sent", "peer_failures", "chains_yielded", "recoveries", "quarantines"), 0)
         self.rpc.serve(Append, self._serve_append)
         self.rpc.serve(Vote, self._serve_vote)
         self.rpc.serve(Digest, self._serve_digest)
@@ -544,9 +549,15 @@ class Replicator:
     async def load_all(self) -> None:
         """Index every chain this node holds replication state of, and recall the chains
         it knew to exist (at start)."""
+        heads = await self.chains.store.heads()
         for criterion, state in (await self.chains.states()).items():
             self._index(criterion, state)
             self.sets.note_exists(criterion)
+            head = heads.get(criterion)
+            if state.commit is not None and (head is None or head[0] < state.commit[0]):
+                # The store lost committed events (a damaged tail, a quarantine):
+                # the leader is asked to send them again once the node runs.
+                self._short.add(criterion)
         known = await self.chains.store.get_cursor(_KNOWN_CURSOR)
         if known is not None:
             self.sets.load_known(known)
@@ -1354,6 +1365,8 @@ class Replicator:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._flush_loop)
+                for criterion in sorted(self._short):
+                    nursery.start_soon(guarded, self.repair, criterion)
                 task_status.started()
                 interval = self.options.anti_entropy
                 while True:
@@ -1400,6 +1413,8 @@ class Replicator:
         """
         self._counts["anti_entropy_rounds"] += 1
         now = self._now()
+        for criterion in sorted(self._short):
+            await self._refill(criterion)
         self._rounds += 1
         version = self.sets.routing_version()
         seen = (version, self._activity)
@@ -1670,6 +1685,43 @@ class Replicator:
         if holders:
             await self.settle_rival(criterion, route.genesis, self.sets.address(holders[0]),
                                     (route.config,))
+
+    async def quarantine(self, criterion: bytes, seq: int) -> None:
+        """The store found ``criterion`` damaged at ``seq``: give the chain up from
+        there and fetch it again from its members.
+
+        A leader steps down first: it must never extend a chain it lost part
+        of. The store's ``quarantine`` (when it has one) cuts the chain back
+        and reports the range; the replica is loaded again with the shorter
+        head, so it votes only for candidates holding its commit mark, and the
+        background rounds ask the leader for the rest until it is back.
+        """
+        cut = getattr(self.chains.store, "quarantine", None)
+        if cut is None or criterion in self._short:
+            return
+        self._short.add(criterion)
+        async with self.chains.lock(criterion):
+            stale = self._replicas.pop(criterion, None)
+            if stale is not None:
+                stale.role = Role.FOLLOWER
+                stale.leader = None
+                stale.progress.clear()
+                stale.start = None
+            await cut(criterion, seq)
+            self.chains.forget(criterion)
+            self._counts["quarantines"] += 1
+        await self.replica(criterion)
+        self._signal(criterion)
+
+    async def _refill(self, criterion: bytes) -> None:
+        """Ask again for the committed events the store lost, until it holds them."""
+        replica = await self.replica(criterion)
+        head = await self.chains.head_pos(criterion)
+        if (replica is None or replica.commit is None
+                or (head is not None and head[0] >= replica.commit[0])):
+            self._short.discard(criterion)
+            return
+        await self.repair(criterion)
 
     async def repair(self, criterion: bytes) -> None:
         """This node's copy of a chain it is a member of is behind: ask the leader to

@@ -32,6 +32,7 @@ from ..errors import (
     KettenError,
     PeerUnreachable,
     ProtocolError,
+    StoreCorrupted,
     UsageError,
 )
 from ..interfaces import Peer, Reply, Transport
@@ -85,6 +86,8 @@ class Rpc:
     """Called with every peer that sent an authenticated request, message or reply,
     unless it is a client node; ``reached``: it answered a request sent to its
     address (which it only claims when it sends)."""
+    damaged: Callable[[StoreCorrupted], None] = lambda exc: None
+    """Called when serving a request found damaged stored data."""
     client: bool = False
     """This node is a client: every envelope it sends says so, and peers do not
     remember it as a member of the network."""
@@ -225,8 +228,10 @@ class Rpc:
         except DecodeError:
             self._counts["decode_errors"] += 1
             raise
-        except KettenError:
+        except KettenError as exc:
             self._counts["requests_refused"] += 1
+            if isinstance(exc, StoreCorrupted):
+                self.damaged(exc)
             raise
         except Exception as exc:
             self._counts["internal_errors"] += 1

@@ -10,7 +10,8 @@ node's store after the faults healed, and checks:
 * no two acknowledged events lie on diverging histories of one chain;
 * all acknowledgements of one command name the same event, and no command id
   ``(author, command)`` is applied twice on any chain; every applied command
-  was invoked with exactly that payload;
+  was invoked with exactly that payload; a publish without a command id (its
+  payload unique to the call) is applied at most once;
 * every read contains every event acknowledged before the read began;
 * the voters of each chain's final configuration hold byte-identical, valid
   chains, and converged within the bound after the faults healed.
@@ -193,6 +194,7 @@ def check(
             acked.append((start, op))
 
     criteria = sorted({op.criterion for op in history.ops} | {r.criterion for r in history.reads})
+    sent = {(authors[op.process], op.payload) for op in history.ops if op.kind == "invoke"}
 
     # Decode and validate every final chain; commands applied once, as invoked.
     decoded: dict[int, dict[bytes, list[Event]]] = {}
@@ -208,8 +210,16 @@ def check(
                 events = []
             decoded[node][criterion] = events
             seen: dict[tuple[bytes, int], int] = {}
+            once: dict[tuple[bytes, bytes], int] = {}
             for event in events:
                 if event.command is None:
+                    implicit = (event.author, event.payload)
+                    if implicit in sent and implicit in once:
+                        problems.append(
+                            f"node {node}: the publish of {event.payload!r} without a command "
+                            f"id was applied twice on chain {criterion.hex()[:12]} (seq "
+                            f"{once[implicit]} and {event.seq})")
+                    once[implicit] = event.seq
                     continue
                 key = (event.author, event.command)
                 if key in seen:

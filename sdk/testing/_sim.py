@@ -243,6 +243,9 @@ class _Simulation:
             cfg.seed, process)).digest())
         self.identities.setdefault(-1 - process, identity)
         home = process % cfg.nodes
+        # Odd publishers give no command ids: each call, retries included, is a
+        # call of its own, with a payload of its own, applied at most once.
+        implicit = process % 2 == 1
         command = 0
         while self._invoked < cfg.publishes or not self._done.is_set():
             if self._done.is_set() and self._invoked >= cfg.publishes:
@@ -253,7 +256,7 @@ class _Simulation:
                 await trio.sleep(1.0)
                 continue
             pending = self._outbox.get(process)
-            if pending is None or pending.tries >= cfg.attempts:
+            if pending is None or pending.tries >= cfg.attempts or implicit:
                 command += 1
                 criterion = self.keys[rng.randrange(len(self.keys))]
                 pending = _Outbox(criterion, command, b"p%d:c%d" % (process, command))
@@ -267,7 +270,8 @@ class _Simulation:
             try:
                 agent = await Agent.open(node, identity=identity)
                 event = await agent.publish(pending.criterion, pending.payload,
-                                            command=pending.command, deadline=cfg.deadline)
+                                            command=None if implicit else pending.command,
+                                            deadline=cfg.deadline)
             except QuorumUnavailable as exc:
                 self._inflight -= 1
                 self.history.add(attrs.evolve(invoke, kind="fail", time=trio.current_time(),
