@@ -204,6 +204,47 @@ async def test_a_node_started_before_its_bootstrap_joins_it_soon(
             assert early.address in {p.address for p in found}
 
 
+async def test_a_node_whose_table_emptied_joins_again_through_its_seeds(
+    plugins: pluggy.PluginManager, autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Its contacts all leave (they fail their pings and are dropped); when they
+    come back, the node joins them again on its own, through its bootstrap
+    address and the addresses it knew, without being asked."""
+    net = MemoryNetwork(seed=5)
+
+    def config(index: int) -> NodeConfig:
+        return NodeConfig(identity=Identity.from_seed(bytes([index + 40]) * 32),
+                          overlay="kademlia", options={
+                              "transport": {"network": net, "address": f"mem:{index}"},
+                              "overlay": {"bootstrap": [] if index == 1 else ["mem:1"],
+                                          "ping_interval": 2.0, "stale_after": 2}})
+
+    async def run(index: int, task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+        with trio.CancelScope() as scope:
+            async with open_node(config(index), plugins=plugins):
+                task_status.started(scope)
+                await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery, \
+            open_node(config(0), plugins=plugins) as node:
+        others = {i: await nursery.start(run, i) for i in range(1, 6)}
+        table = overlay_of(node).table
+        with trio.fail_after(60):
+            while len(table) < 5:
+                await trio.sleep(0.5)
+        for scope in others.values():
+            scope.cancel()
+        with trio.fail_after(120):
+            while len(table):
+                await trio.sleep(0.5)
+        for i in range(1, 6):
+            await nursery.start(run, i)
+        with trio.fail_after(60):
+            while len(table) < 5:
+                await trio.sleep(0.5)
+        nursery.cancel_scope.cancel()
+
+
 @pytest.mark.parametrize("options", [
     {"k": 0}, {"alpha": "3"}, {"bootstrap": "mem:1"}, {"paths": True}, {"refresh_interval": -1},
     {"puzzle_difficulty": 100}, {"unknown": 1}, {"join_refresh": 1},
