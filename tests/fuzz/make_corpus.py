@@ -35,7 +35,11 @@ from ketten.adapters._framing import (
     encode_frame,
 )
 from ketten.adapters._tcp_handshake import Handshake, NetworkParams
+from ketten.interfaces import Peer
 from ketten.plugins.file_store import _format as file_format
+from ketten.plugins.gosskip import _messages as gosskip
+from ketten.plugins.gosskip._names import Contact as RingContact
+from ketten.plugins.gosskip._ring import Answer
 from ketten.testing import deterministic, open_cluster
 from ketten.wire import dumps, encode_message
 
@@ -74,6 +78,60 @@ def traffic() -> list[tuple[str, Any, Any]]:
     return seen
 
 
+def plugin_bodies(service: str, body: Any, reply: Any) -> None:
+    """Seeds for the plugin targets from one recorded request and its reply."""
+    if service == "kad":
+        save("kad", b"\x00" + dumps(body))
+        if isinstance(reply, dict) and "nodes" in reply:
+            save("kad", _KAD_ANSWER + dumps(reply))
+    elif service == "static":
+        save("static_hello", b"\x00" + dumps(body))
+        if isinstance(reply, dict):
+            save("static_hello", b"\x01" + dumps(reply.get("known")))
+    elif service == "sub":
+        save("subscription", dumps(body))
+
+
+_KAD_ANSWER = bytes([51])
+"""Odd, and a multiple of three: a find answer for 25 contacts, no id puzzle."""
+
+
+def plugin_seeds(author: Identity, key: bytes) -> None:
+    """Honest bodies of the plugin services, whatever the recorded run used."""
+    peers = [Peer(f"127.0.0.1:{4000 + i}", Identity.from_seed(bytes([i + 40]) * 32).public_key)
+             for i in range(6)]
+    for body in ({"op": "ping"}, {"op": "ping", "client": True},
+                 {"op": "find", "target": key}, {"op": "find", "target": key, "count": 40},
+                 {"op": "find", "target": key, "client": True}):
+        save("kad", b"\x00" + dumps(body))
+    answer = targets._served(targets._KadServer()._serve(peers[0], {"op": "find", "target": key}))
+    save("kad", _KAD_ANSWER + dumps(answer))
+    save("kad", _KAD_ANSWER + dumps({"nodes": []}))
+
+    known = [[p.address, p.public_key] for p in peers]
+    save("static_hello", b"\x00" + dumps({"op": "hello", "r": 3, "known": known}))
+    save("static_hello", b"\x00" + dumps({"op": "hello", "r": 3, "known": [], "adm": bytes(64)}))
+    save("static_hello", b"\x01" + dumps(known))
+
+    ring = [RingContact(p, i << 40) for i, p in enumerate(peers)]
+    save("gosskip_message", b"\x00" + dumps(gosskip.encode_gossip(2, 1 << 50, ring[:3])))
+    save("gosskip_message", b"\x00" + dumps(gosskip.encode_find(key, 7)))
+    save("gosskip_message", b"\x01" + dumps(gosskip.encode_answer(5, Answer(tuple(ring[:2]),
+                                                                             ring[2]))))
+    save("gosskip_message", b"\x01" + dumps(gosskip.encode_answer(5, Answer((), None))))
+    save("gosskip_message", b"\x02" + dumps(gosskip.encode_found(9, ring[:2], ring[2:4],
+                                                                  ring[4:])))
+
+    sid = bytes(range(16))
+    save("subscription", dumps({"op": "lease", "s": sid, "c": [key], "v": 1, "t": 30_000,
+                                "live": True}))
+    save("subscription", dumps({"op": "lease", "s": sid, "c": [], "v": 0, "t": 1,
+                                "live": False}))
+    lease = Lease(sid, author.public_key, "127.0.0.1:5", 3, 10**9 + 5_000, True)
+    save("subscription", dumps({"op": "merge", "m": {key: [lease.encode()]}}))
+    save("subscription", dumps({"op": "merge", "m": {}}))
+
+
 def main() -> None:
     author = Identity.from_seed(b"\x07" * 32)
     key = criterion_key("corpus")
@@ -101,7 +159,9 @@ def main() -> None:
             save("message", bytes([by_class[request_type.Reply]]) + dumps(reply))
             save("message", bytes([128 + by_class[request_type]])
                  + encode_message(service, body))
+        plugin_bodies(service, body, reply)
     save("frames", encode_frame(Message(encode_message("elect", {"c": key}))))
+    plugin_seeds(author, key)
 
     # The target plays the responder with a zero nonce: the initiator's auth must
     # sign the responder's hello as the target builds it.

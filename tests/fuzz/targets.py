@@ -9,16 +9,23 @@ a bounded time in CI.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
+from types import SimpleNamespace
+from typing import Any
 
-from ketten import DecodeError, Event, Identity, InvalidEvent
+from ketten import DecodeError, Event, Identity, InvalidEvent, ProtocolError
 from ketten._core import messages
 from ketten._core.leases import CursorState, LeaseTable
-from ketten._core.membership import ChainState
+from ketten._core.membership import ChainState, Member
+from ketten._node.feeds import Feeds
 from ketten.adapters._framing import FrameDecoder, parse_frame
 from ketten.adapters._tcp_handshake import Handshake, HandshakeRefused, NetworkParams
 from ketten.errors import StoreCorrupted
+from ketten.interfaces import Peer
+from ketten.plugins import kademlia
+from ketten.plugins import static_overlay as static
 from ketten.plugins.file_store import _format as file_format
+from ketten.plugins.gosskip import _messages as gosskip
 from ketten.wire import decode_message, loads
 
 _HANDSHAKE_ID = Identity.from_seed(b"\x05" * 32)
@@ -28,6 +35,25 @@ _MESSAGE_TYPES: list[type] = [
     messages.Fetch, messages.FetchReply, messages.Locate, messages.LocateReply,
     messages.Digest, messages.DigestReply,
 ]
+
+
+_PEER = Peer("127.0.0.1:7", Identity.from_seed(b"\x06" * 32).public_key)
+"""The authenticated sender of every request body the plugin targets serve."""
+
+
+def _served(call: Awaitable[Any]) -> Any:
+    """Run a service handler that never waits (its fakes answer at once) to its end."""
+    coro: Any = call
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise AssertionError("a handler under fuzzing waited for something")
+
+
+def _body(data: bytes) -> Any:
+    return loads(data, max_size=1 << 20, where="fuzz")
 
 
 def frames(data: bytes) -> None:
@@ -90,14 +116,117 @@ def file_records(data: bytes) -> None:
         file_format.decode_spans("fuzz", data[1:])
 
 
+class _KadServer:
+    """Just what ``KademliaOverlay._serve`` reads: options, a routing table with a
+    few contacts, counters; the contact of a request is not pinged."""
+
+    _serve = kademlia.KademliaOverlay._serve
+
+    def __init__(self) -> None:
+        self.options = kademlia.KademliaOptions.parse({}, 3)
+        own = int.from_bytes(_HANDSHAKE_ID.node_id, "big")
+        self._table = kademlia.RoutingTable(own, k=self.options.k,
+                                            sibling_size=self.options.siblings,
+                                            difficulty=0, stale_after=3)
+        for i in range(12):
+            key = Identity.from_seed(bytes([i + 16]) * 32).public_key
+            self._table.observe(kademlia.Contact.of(Peer(f"127.0.0.1:{1000 + i}", key)), 0.0)
+        self._counts = {"requests_served": 0}
+
+    def _heard(self, peer: Peer) -> None:
+        pass
+
+
+def kad(data: bytes) -> None:
+    # The first byte: even, a request to the "kad" service; odd, a find answer
+    # decoded for that many contacts (at least one).
+    if not data:
+        return
+    body = _body(data[1:])
+    if data[0] & 1:
+        kademlia.decode_contacts(body, data[0] % 3, max(1, data[0] >> 1))
+    else:
+        _served(_KadServer()._serve(_PEER, body))
+
+
+def static_hello(data: bytes) -> None:
+    # The first byte: even, a hello to the "static" service; odd, the known
+    # members of a hello reply.
+    if not data:
+        return
+    node = SimpleNamespace(
+        identity=_HANDSHAKE_ID, address="127.0.0.1:2", config=SimpleNamespace(replication=3),
+        register_service=lambda name, handler: None,
+        plugins=SimpleNamespace(hook=SimpleNamespace(ketten_peer_joined=lambda **kw: None)))
+    overlay = static.StaticOverlay(node=node, seeds=[])  # type: ignore[arg-type]
+    body = _body(data[1:])
+    if data[0] & 1:
+        overlay._learn(body, "hello reply")
+    else:
+        _served(overlay._serve(_PEER, body))
+
+
+def gosskip_message(data: bytes) -> None:
+    # The first byte picks the decoder: a request, a gossip answer, a find answer.
+    if not data:
+        return
+    body = _body(data[1:])
+    which = data[0] % 3
+    if which == 0:
+        gosskip.decode_request(body)
+    elif which == 1:
+        gosskip.decode_answer(_PEER, body)
+    else:
+        gosskip.decode_found(_PEER, body)
+
+
+class _SubscriptionBroker:
+    """Just what the ``sub`` service handlers of :class:`Feeds` read: a broker of
+    every criterion whose other broker is the sender; leases go to a real table."""
+
+    _serve = Feeds._serve
+    _serve_lease = Feeds._serve_lease
+    _serve_merge = Feeds._serve_merge
+    max_leases = 64
+
+    def __init__(self) -> None:
+        self._table = LeaseTable(max_leases=self.max_leases, max_per_subscriber=16,
+                                 max_per_chain=4)
+
+    def now_ms(self) -> int:
+        return 10**9
+
+    async def is_broker(self, key: bytes) -> bool:
+        return True
+
+    async def members(self, key: bytes) -> list[Member]:
+        return [Member(_PEER.public_key, _PEER.address)]
+
+    def local_commit(self, key: bytes) -> None:
+        return None
+
+    async def put_leases(self, leases: Sequence[tuple[bytes, Any]]) -> None:
+        for key, lease in leases:
+            self._table.put(key, lease, self.now_ms())
+
+
+def subscription(data: bytes) -> None:
+    _served(_SubscriptionBroker()._serve(_PEER, _body(data)))
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "frames": frames, "cbor": cbor, "event": event, "message": message,
     "handshake": handshake, "stored_state": stored_state, "file_records": file_records,
+    "kad": kad, "static_hello": static_hello, "gosskip_message": gosskip_message,
+    "subscription": subscription,
 }
 ALLOWED: dict[str, tuple[type[BaseException], ...]] = {
     "frames": (DecodeError,), "cbor": (DecodeError,), "event": (DecodeError, InvalidEvent),
     "message": (DecodeError,), "handshake": (DecodeError, HandshakeRefused),
     "stored_state": (DecodeError,), "file_records": (StoreCorrupted,),
+    "kad": (DecodeError, ProtocolError), "static_hello": (DecodeError, ProtocolError),
+    "gosskip_message": (DecodeError, ProtocolError),
+    "subscription": (DecodeError, ProtocolError),
 }
 
 
