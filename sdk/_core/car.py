@@ -5,6 +5,10 @@ The format (https://ipld.io/specs/transport/car/carv1/): an unsigned varint
 then sections until the end, each an unsigned varint ``n`` and ``n`` bytes
 holding a CID followed by its block. This module frames and unframes bytes
 only: whether a block matches its CID is :mod:`ketten._core.ipld`'s job.
+
+Sections are framed and read directly (binary CIDs, varints); the header,
+read and written once per file, goes through ``dag_cbor``, and any CID that
+is not an event block's through ``multiformats``.
 """
 
 from __future__ import annotations
@@ -13,35 +17,50 @@ from collections.abc import Iterator, Sequence
 
 import attrs
 import dag_cbor
-from multiformats import CID, varint
+from multiformats import CID
 
 from ..errors import DecodeError
+from .ipld import DAG_CBOR, SHA2_256, cid_bytes, cid_from_bytes, varint
 
 __all__ = ["CarSection", "car_header", "car_section", "read_car_header", "read_car_sections"]
 
 _MAX_HEADER = 1 << 16
 _MAX_VARINT_BYTES = 9
+_EVENT_PREFIX = bytes([1, DAG_CBOR, SHA2_256, 32])
+"""CIDv1, dag-cbor, sha2-256, 32 bytes: the start of every event block's CID."""
+_EVENT_CID = len(_EVENT_PREFIX) + 32
 
 
 def car_header(roots: Sequence[CID]) -> bytes:
     """The CARv1 header naming ``roots``, length prefix included."""
     header = dag_cbor.encode({"roots": list(roots), "version": 1})
-    return varint.encode(len(header)) + header
+    return varint(len(header)) + header
 
 
-def car_section(cid: CID, data: bytes) -> bytes:
-    """One CARv1 section: the length prefix, the binary CID, the block."""
-    binary = bytes(cid)
-    return varint.encode(len(binary) + len(data)) + binary + data
+def car_section(cid: CID | bytes, data: bytes) -> bytes:
+    """One CARv1 section: the length prefix, the binary CID, the block.
+
+    ``cid`` is a :class:`~multiformats.CID` or a binary CID.
+    """
+    binary = cid_bytes(cid)
+    return b"".join((varint(len(binary) + len(data)), binary, data))
 
 
 @attrs.frozen
 class CarSection:
-    """A section read from a CAR: its CID, its block bytes and where it starts."""
+    """A section read from a CAR: its binary CID, its block bytes and where it starts.
 
-    cid: CID
+    ``binary`` is a readable CID (checked when the section is read); ``cid``
+    gives it as a :class:`~multiformats.CID`.
+    """
+
+    binary: bytes
     data: bytes
     offset: int
+
+    @property
+    def cid(self) -> CID:
+        return cid_from_bytes(self.binary)
 
 
 def _uvarint(buf: memoryview, pos: int, what: str) -> tuple[int, int]:
@@ -106,12 +125,15 @@ def read_car_sections(buf: bytes | memoryview, offset: int) -> Iterator[CarSecti
             raise DecodeError(f"section length {size} runs past the end of the file "
                               f"({end - pos} bytes left)", where=where)
         body = view[pos:pos + size]
-        cid_end = _cid_length(body, where)
-        try:
-            cid = CID.decode(bytes(body[:cid_end]))
-        except Exception as exc:  # multiformats raises several types on bad CIDs
-            raise DecodeError(f"unreadable CID ({exc})", where=where) from None
-        yield CarSection(cid, bytes(body[cid_end:]), start)
+        if body[:4] == _EVENT_PREFIX and size >= _EVENT_CID:
+            binary = bytes(body[:_EVENT_CID])  # an event block's CID: readable as it is
+        else:
+            binary = bytes(body[:_cid_length(body, where)])
+            try:
+                CID.decode(binary)
+            except Exception as exc:  # multiformats raises several types on bad CIDs
+                raise DecodeError(f"unreadable CID ({exc})", where=where) from None
+        yield CarSection(binary, bytes(body[len(binary):]), start)
         pos += size
 
 
