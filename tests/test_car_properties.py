@@ -19,6 +19,7 @@ from multiformats import CID, multihash, varint
 
 from ketten import Event, Identity, criterion_key
 from ketten._cli import main
+from ketten._core import ipld
 from ketten._core.car import car_header, car_section, read_car_header, read_car_sections
 from ketten._core.chain_car import chain_blocks, chain_from_car
 from ketten._core.ipld import (
@@ -105,6 +106,16 @@ def test_blocks_and_cids_match_the_packages(events: list[Event]) -> None:
         assert decode_block(block.binary, block.data) == back
         assert event_block(block.event, prev) == block
         prev = expected
+
+
+def test_the_direct_cid_constructor_is_the_public_one() -> None:
+    assert ipld._cid_builder is ipld._cid_direct
+    for n in range(20):
+        binary = bytes([1, 0x71, 0x12, 32]) + sha256(b"%d" % n).digest()
+        made, public = ipld._cid_direct(binary), ipld._cid_public(binary)
+        assert made == public == CID.decode(binary) and hash(made) == hash(public)
+        assert repr(made) == repr(public) and str(made) == str(public)
+        assert bytes(made) == binary and made.digest == public.digest
 
 
 @settings(max_examples=300, deadline=None)
