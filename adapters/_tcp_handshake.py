@@ -118,6 +118,11 @@ class Handshake:
         self._peer_body = body
         return Auth(self.identity.sign(self._transcript(self.initiator)))
 
+    @property
+    def claimed_address(self) -> str | None:
+        """The address the peer's hello names as where it listens (unproven)."""
+        return None if self._peer_hello is None else self._peer_hello.address
+
     def receive_auth(self, frame: Frame, dialed: str | None) -> Peer:
         """Check the peer's proof; return the authenticated peer.
 

@@ -160,6 +160,22 @@ def parse_address(address: str, *, listen: bool = False) -> tuple[str, int]:
     return host, int(port_text)
 
 
+_MAX_CLAIMED = 255
+"""The longest address a member entry on the wire may carry."""
+
+
+def _check_claimed(address: str | None) -> None:
+    """A peer's claimed address must be one that others can dial and carry in
+    messages (at most 255 bytes); anything else ends the handshake."""
+    try:
+        if address is None or len(address.encode("utf-8", "replace")) > _MAX_CLAIMED:
+            raise UsageError("too long")
+        parse_address(address)
+    except UsageError:
+        raise HandshakeRefused(f"the address the peer claims ({address!r:.80}) is not a "
+                               "host:port of at most 255 bytes") from None
+
+
 def format_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -398,6 +414,8 @@ class TcpTransport:
                 body = await self._read_body(stream, decoder)
                 try:
                     auth = shake.receive_hello(parse_frame(body, max_size=len(body)), body)
+                    if dialed is None:
+                        _check_claimed(shake.claimed_address)
                     await stream.send_all(encode_frame(auth))
                     body = await self._read_body(stream, decoder)
                     peer = shake.receive_auth(parse_frame(body, max_size=len(body)), dialed)

@@ -17,6 +17,8 @@ from typing import Generic, TypeVar
 import attrs
 import trio
 
+from ..errors import UsageError
+
 __all__ = ["Coalescer"]
 
 Dest = TypeVar("Dest", bound=Hashable)
@@ -45,12 +47,17 @@ class Coalescer(Generic[Dest, Item, Answer]):
     _queues: dict[Dest, list[_Slot[Item, Answer]]] = attrs.field(factory=dict, init=False)
 
     async def call(self, dest: Dest, item: Item) -> Answer | None:
-        """``item``'s answer from ``dest`` (``None``: none came)."""
+        """``item``'s answer from ``dest`` (``None``: none came, also when the node is
+        closing and sends nothing any more)."""
         slot: _Slot[Item, Answer] = _Slot(item)
         queue = self._queues.get(dest)
         if queue is None:
+            try:
+                self.nursery().start_soon(self._flush, dest)
+            except (UsageError, RuntimeError):  # not open, or closed to new tasks
+                await trio.lowlevel.checkpoint()
+                return None
             queue = self._queues[dest] = []
-            self.nursery().start_soon(self._flush, dest)
         queue.append(slot)
         await slot.done.wait()
         return slot.answer

@@ -176,6 +176,7 @@ async def _three(plugins: pluggy.PluginManager) -> AsyncIterator[list[Node]]:
 @pytest.mark.parametrize("claimed", [
     "hôst.example:80", "xn--zz.example:80", "\u200b:1", "[::1:80", "127.0.0.1:99999",
     "127.0.0.1:-1", ":", "exa\x00mple:1", "\udcff:1", "ünïcode-ßtraße.de:443",
+    "", "a" * 300 + ":80", "a" * 250 + ".example:80",
 ])
 async def test_an_undialable_claimed_address_is_refused_or_ignored(
         plugins: pluggy.PluginManager, claimed: str) -> None:
