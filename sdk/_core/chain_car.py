@@ -17,7 +17,7 @@ from ..errors import BrokenLink, DecodeError, InvalidEvent, UsageError
 from .car import CarSection
 from .chain import Verify, scan_encoded_chain
 from .event import Event
-from .ipld import EventBlock, _event_block, _text, cid_bytes, cid_from_bytes, decode_block
+from .ipld import EventBlock, cid_bytes, cid_from_bytes, cid_text, decode_block, event_block
 
 __all__ = ["CarChain", "chain_blocks", "chain_from_car"]
 
@@ -35,7 +35,7 @@ def chain_blocks(events: Iterable[Event]) -> Iterator[EventBlock]:
             raise UsageError(f"a chain's blocks start at its genesis, not at seq {event.seq}")
         if prev is not None and (event.seq != prev.event.seq + 1 or event.prev != prev.event.hash):
             raise UsageError(f"seq {event.seq} does not follow seq {prev.event.seq}")
-        block = _event_block(event, prev.binary if prev is not None else None)
+        block = event_block(event, prev.binary if prev is not None else None)
         yield block
         prev = block
 
@@ -53,7 +53,7 @@ class CarChain:
 
 
 def _name(block: EventBlock) -> str:
-    return f"block {_text(block.binary)} (seq {block.event.seq})"
+    return f"block {cid_text(block.binary)} (seq {block.event.seq})"
 
 
 def chain_from_car(roots: list[CID], sections: Iterable[CarSection], *,
@@ -88,22 +88,22 @@ def chain_from_car(roots: list[CID], sections: Iterable[CarSection], *,
         block = blocks.get(cid)
         if block is None:
             linked = f", linked from {_name(child)}" if child is not None else " (the root)"
-            raise DecodeError(f"missing{linked}", where=f"block {_text(cid)}")
+            raise DecodeError(f"missing{linked}", where=f"block {cid_text(cid)}")
         if child is not None:
             if block.event.seq + 1 != child.event.seq:
                 raise BrokenLink(f"{_name(child)} links {_name(block)}, which is not "
                                  f"seq {child.event.seq - 1}")
             if child.event.prev != block.event.hash:
                 raise BrokenLink(f"{_name(child)}: prevHash is not the hash of the event "
-                                 f"in the block it links ({_text(block.binary)})")
+                                 f"in the block it links ({cid_text(block.binary)})")
         chain.append(block)
         child, cid = block, block.prev_binary
     chain.reverse()
     if len(chain) != len(blocks):
         walked = {b.binary for b in chain}
         stray = next(c for c in blocks if c not in walked)
-        raise DecodeError(f"not part of the chain of the root {_text(root)}",
-                          where=f"block {_text(stray)}")
+        raise DecodeError(f"not part of the chain of the root {cid_text(root)}",
+                          where=f"block {cid_text(stray)}")
     passed = 0
     try:
         for _ in scan_encoded_chain((b.event.to_bytes() for b in chain), verify=verify):
