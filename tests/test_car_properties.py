@@ -126,7 +126,7 @@ def test_varints_match_the_packages(n: int) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.binary(max_size=600), st.sampled_from(["dag-cbor", "raw"]))
+@given(st.binary(max_size=600), st.sampled_from(["dag-cbor", "raw", "dag-pb", "dag-json"]))
 def test_sections_and_headers_match_the_packages(data: bytes, codec: str) -> None:
     cid = CID("base32", 1, codec, multihash.wrap(sha256(data).digest(), "sha2-256"))
     binary = bytes(cid)
@@ -151,6 +151,7 @@ def test_a_cidv0_section_is_refused_naming_it() -> None:
     blocks = list(chain_blocks(events))
     car = car_header([blocks[0].cid]) + car_section(v0, data) + \
         car_section(blocks[0].cid, blocks[0].data)
+    assert cid_bytes(v0) == bytes(v0) == v0.digest
     with pytest.raises(DecodeError, match=f"block {v0}: not a CIDv1 dag-cbor"):
         read(car)
 

@@ -153,7 +153,14 @@ def cid_from_bytes(binary: bytes) -> CID:
 
 def cid_bytes(cid: CID | bytes) -> bytes:
     """The binary form of a CID (given as a :class:`~multiformats.CID` or already binary)."""
-    return cid if type(cid) is bytes else bytes(cid)
+    if type(cid) is bytes:
+        return cid
+    if isinstance(cid, CID):
+        if cid.version == 0:
+            return cid.digest
+        codec = cid.codec
+        return (b"\x01\x71" if codec is _CODEC else b"\x01" + varint(codec.code)) + cid.digest
+    return bytes(cid)
 
 
 def block_cid(data: bytes) -> CID:
