@@ -189,6 +189,22 @@ def test_the_command_line_runs_seeds(capsys) -> None:
 
 
 @pytest.mark.sim
+@pytest.mark.parametrize("seed", [93, 94])
+@pytest.mark.parametrize("overlay", ["static", "kademlia"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_fault_simulation_without_command_ids(seed: int, family: str, overlay: str,
+                                              plugins) -> None:
+    """Half the publishers give no command ids; a call must still be applied at most once."""
+    result = run_simulation(SimConfig(seed=seed, family=family, overlay=overlay,
+                                      implicit_commands=True), plugins=plugins)
+    assert result.check.acknowledged > 0
+    assert result.ok, (
+        f"{family}/{overlay} seed {seed} failed; replay: python -m ketten.testing.jepsen "
+        f"--seeds {seed} --family {family} --overlay {overlay} --implicit-commands --verbose\n"
+        + "\n".join(result.check.problems[:20]))
+
+
+@pytest.mark.sim
 @pytest.mark.parametrize(("overlay", "seed"), [
     *((overlay, seed) for overlay in ("static", "kademlia") for seed in range(20)),
     *(("gosskip", seed) for seed in range(5)),

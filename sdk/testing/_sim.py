@@ -89,6 +89,9 @@ class SimConfig:
     """Keep the faults going at least this long, whatever the workload."""
     pace: float = 0.0
     """Mean seconds a publisher waits between publishes (0: by family)."""
+    implicit_commands: bool = False
+    """Odd publishers give no command ids: each call (retries included) is a call
+    of its own, with a payload of its own, which must be applied at most once."""
 
 
 @attrs.frozen
@@ -243,9 +246,7 @@ class _Simulation:
             cfg.seed, process)).digest())
         self.identities.setdefault(-1 - process, identity)
         home = process % cfg.nodes
-        # Odd publishers give no command ids: each call, retries included, is a
-        # call of its own, with a payload of its own, applied at most once.
-        implicit = process % 2 == 1
+        implicit = cfg.implicit_commands and process % 2 == 1
         command = 0
         while self._invoked < cfg.publishes or not self._done.is_set():
             if self._done.is_set() and self._invoked >= cfg.publishes:

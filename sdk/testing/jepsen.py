@@ -115,6 +115,9 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m ketten.tes
                         help="worker processes (default 1; 0: one per core)")
     parser.add_argument("--publishes", type=int, default=defaults.publishes)
     parser.add_argument("--nodes", type=int, default=defaults.nodes)
+    parser.add_argument("--implicit-commands", action="store_true", dest="implicit_commands",
+                        help="odd publishers give no command ids (each call applied at most "
+                             "once is checked by payload)")
     parser.add_argument("--verbose", "-v", action="store_true", help="print every problem")
     args = parser.parse_args(argv)
     try:
@@ -131,7 +134,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m ketten.tes
         if overlay not in OVERLAYS:
             parser.error(f"unknown overlay {overlay!r}; one of {', '.join(OVERLAYS)}, both or all")
     configs = list(_configs(seeds, families, overlays, publishes=args.publishes,
-                            nodes=args.nodes))
+                            nodes=args.nodes, implicit_commands=args.implicit_commands))
     jobs = args.jobs if args.jobs > 0 else (os.cpu_count() or 1)
     failed: list[SimConfig] = []
     started = time.monotonic()
