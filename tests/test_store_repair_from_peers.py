@@ -15,7 +15,19 @@ import trio
 
 from ketten import criterion_key
 from ketten.errors import KettenError, StoreCorrupted
-from ketten.testing import open_cluster
+from ketten.testing import Cluster, open_cluster
+
+
+async def _committed_everywhere(cluster: Cluster, key: bytes, seq: int) -> int:
+    """Wait until all three brokers know ``seq`` committed; the leader's index."""
+    with trio.fail_after(30):
+        while True:
+            replicas = [cluster[i]._replicator.loaded(key) for i in range(3)]
+            leaders = [i for i, r in enumerate(replicas) if r is not None and r.is_leader]
+            if leaders and all(r is not None and r.commit is not None and r.commit[0] == seq
+                               for r in replicas):
+                return leaders[0]
+            await trio.sleep(0.1)
 
 
 @pytest.mark.parametrize("damage", ["DELETE FROM events WHERE seq = 7",
@@ -58,15 +70,8 @@ async def test_a_file_store_cut_below_its_commit_mark_is_refilled(tmp_path: Path
         key = criterion_key("cut")
         events = [await cluster[0].publish(key, b"event %d" % n, deadline=20)
                   for n in range(12)]
-        with trio.fail_after(30):
-            while True:
-                replicas = [cluster[i]._replicator.loaded(key) for i in range(3)]
-                if all(r is not None and r.commit is not None and r.commit[0] == 11
-                       for r in replicas):
-                    break
-                await trio.sleep(0.1)
-        victim = next(i for i in range(3)
-                      if not cluster[i]._replicator.loaded(key).is_leader)  # type: ignore[union-attr]
+        leader = await _committed_everywhere(cluster, key, 11)
+        victim = (leader + 1) % 3
         await cluster.stop(victim)
         segment = tmp_path / f"node{victim}" / "seg-00000000.log"
         segment.write_bytes(segment.read_bytes()[:-7])
@@ -89,15 +94,7 @@ async def test_a_broker_that_finds_a_damaged_event_quarantines_and_refills_it(
         key = criterion_key("flipped")
         events = [await cluster[0].publish(key, b"payload-%06d-" % n + b"x" * 40,
                                            deadline=20) for n in range(30)]
-        with trio.fail_after(30):
-            while True:
-                replicas = [cluster[i]._replicator.loaded(key) for i in range(3)]
-                if all(r is not None and r.commit is not None and r.commit[0] == 29
-                       for r in replicas):
-                    break
-                await trio.sleep(0.1)
-        leader = next(i for i in range(3)
-                      if cluster[i]._replicator.loaded(key).is_leader)  # type: ignore[union-attr]
+        leader = await _committed_everywhere(cluster, key, 29)
         victim = leader if role == "leader" else (leader + 1) % 3
         node = cluster[victim]
         segment = tmp_path / f"node{victim}" / "seg-00000000.log"
