@@ -193,8 +193,6 @@ class KademliaOverlay:
     only a table below k that lost contacts calls for joining again."""
     _counts: dict[str, int] = attrs.field(init=False)
     _client: bool = attrs.field(default=False, init=False)
-    _verifying: set[str] = attrs.field(factory=set, init=False)
-    """Claimed addresses being pinged before their nodes may enter the table."""
 
     supports_client: ClassVar[bool] = True
     """A client node (``NodeConfig.client``) looks nodes up but never enters a
@@ -425,30 +423,6 @@ class KademliaOverlay:
         if seen.outcome is Outcome.ADDED:
             self._joined(peer)
 
-    def _heard(self, peer: Peer) -> None:
-        """A request came from ``peer``: its key is proven, its address only claimed.
-        A contact known at that address is refreshed; any other is pinged at the
-        address first and enters the table from the answer (at most ``k`` such
-        pings at a time)."""
-        known = self._table.get(int.from_bytes(peer.node_id, "big"))
-        if known is not None and known.peer.address == peer.address:
-            self._observe(peer)
-            return
-        if (self._nursery is None or peer.address in self._verifying
-                or len(self._verifying) >= self.options.k):
-            return
-        self._verifying.add(peer.address)
-        self._nursery.start_soon(self._verify, peer.address)
-
-    async def _verify(self, address: str) -> None:
-        try:
-            _peer, answer = await self._rpc(address, {"op": "ping"})  # observes who answered
-            _check_pong(answer)
-        except KettenError as exc:
-            _log.debug("claimed address %s did not answer: %s", address, exc)
-        finally:
-            self._verifying.discard(address)
-
     def _after(self, seen: Observation) -> None:
         if seen.ping is not None and self._nursery is not None:
             self._nursery.start_soon(self._ping, seen.ping.peer.address, seen.ping)
@@ -467,7 +441,7 @@ class KademliaOverlay:
         member = body.get("client") is not True  # a client is answered, never added
         if op == "ping":
             if member:
-                self._heard(peer)
+                self._observe(peer)
             self._counts["requests_served"] += 1
             return {"op": "pong"}
         if op == "find":
@@ -481,7 +455,7 @@ class KademliaOverlay:
                     raise DecodeError("count must be positive", where="kad find request")
                 wanted = max(wanted, min(count, MAX_REPLY_CONTACTS))
             if member:
-                self._heard(peer)
+                self._observe(peer)
             self._counts["requests_served"] += 1
             sender = int.from_bytes(peer.node_id, "big")
             nearest = self._table.closest(int.from_bytes(target, "big"), wanted,

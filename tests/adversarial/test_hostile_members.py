@@ -113,33 +113,3 @@ async def test_a_peer_claiming_a_members_address_takes_nothing_from_it() -> None
             assert config is not None
             assert liar.identity.public_key not in config.voter_keys()
         await liar.aclose()
-
-
-async def test_a_kademlia_contact_enters_the_table_only_from_its_own_address() -> None:
-    """A peer whose handshake claims another node's address is pinged there first;
-    the node that answers is the one the table takes, at the address it answered."""
-    async with AsyncExitStack() as stack:
-        nodes: list[ketten.Node] = []
-        for _ in range(3):
-            boot = [nodes[0].address] if nodes else []
-            config = NodeConfig(identity=Identity.generate(), transport="tcp",
-                                overlay="kademlia", request_timeout=2.0,
-                                options={"overlay": {"bootstrap": boot}})
-            nodes.append(await stack.enter_async_context(open_node(config, plugins=PM)))
-        await trio.sleep(1.0)
-        target, victim = nodes[0], nodes[1]
-        liar = HostilePeer(target.address, claimed=victim.address)
-        honest_claim = HostilePeer(target.address, claimed="127.0.0.1:9")  # nobody there
-        for peer in (liar, honest_claim):
-            kind, _body = await peer.request("kad", {"op": "ping"}, timeout=5)
-            assert kind == "reply"
-        await trio.sleep(2.0)
-        assert target.overlay is not None
-        table = {c.peer.public_key: c.peer.address
-                 for c in target.overlay.table.contacts()}  # type: ignore[attr-defined]
-        assert liar.identity.public_key not in table
-        assert honest_claim.identity.public_key not in table
-        assert table[victim.identity.public_key] == victim.address
-        await target.publish("still fine", b"x", deadline=10)
-        for peer in (liar, honest_claim):
-            await peer.aclose()
