@@ -213,6 +213,14 @@ class Replica:
         self.state = attrs.evolve(self.state, **changes)  # type: ignore[arg-type]
         return self.state
 
+    def resign(self) -> None:
+        """Stop leading or following anyone at once (handing the chain over, or
+        giving up a damaged copy); the term and vote are kept."""
+        self.role = Role.FOLLOWER
+        self.leader = None
+        self.progress.clear()
+        self.start = None
+
     def _step_down(self, term: int) -> ChainState | None:
         """Follow (and, for a newer term, forget the vote). Returns state to persist."""
         persist = None

@@ -1342,10 +1342,7 @@ class Replicator:
                                   voters=[m.address for m in new.voters])
             elif change is Change.HAND_OVER:
                 target = decision.members[0] if decision.members else None
-                replica.role = Role.FOLLOWER
-                replica.leader = None
-                replica.progress.clear()
-                replica.start = None
+                replica.resign()
                 if target is not None:
                     try:
                         await self.rpc.notify(self.sets.address(target), "elect",
@@ -1703,10 +1700,7 @@ class Replicator:
         async with self.chains.lock(criterion):
             stale = self._replicas.pop(criterion, None)
             if stale is not None:
-                stale.role = Role.FOLLOWER
-                stale.leader = None
-                stale.progress.clear()
-                stale.start = None
+                stale.resign()
             await cut(criterion, seq)
             self.chains.forget(criterion)
             self._counts["quarantines"] += 1
