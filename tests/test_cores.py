@@ -24,6 +24,8 @@ from ketten._core.messages import (
     CommitReply,
     Digest,
     Fetch,
+    Handover,
+    HandoverReply,
     Locate,
     LocateReply,
     Offer,
@@ -380,10 +382,12 @@ def test_messages_round_trip(config: ChainConfig, term: int, pos: object,
         Fetch(KEY, pos, 1000, False),  # type: ignore[arg-type]
         Locate((KEY,)),
         Digest((b"\0" * 16,) * 16, (1, 2), ((KEY, 1, 5),)),
+        Handover(), Handover(KEY),
     ]
     for message in samples:
         assert type(message).from_wire(message.to_wire()) == message
     replies = [OfferAnswer(Answer.REDIRECT, route=route_), LocateReply((route_, None), (True, False)),
+               LocateReply((route_,), (False,), (True,)), HandoverReply(tuple(sorted((b"a" * 32, KEY))), True),
                AppendAck(KEY, "ok", term, term, pos, 1, pos, (), "", genesis)]  # type: ignore[arg-type]
     for reply in replies:
         assert type(reply).from_wire(reply.to_wire()) == reply
@@ -395,12 +399,12 @@ def test_messages_round_trip(config: ChainConfig, term: int, pos: object,
                     lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(st.text(max_size=3), inner, max_size=4), max_leaves=12))
 def test_message_decoders_raise_only_decode_errors(body: object) -> None:
-    for kind in (Offer, Append, Vote, CommitQuery, Fetch, Locate, Digest):
+    for kind in (Offer, Append, Vote, CommitQuery, Fetch, Locate, Digest, Handover):
         try:
             kind.from_wire(body)
         except DecodeError:
             pass
-    for reply in (OfferAnswer, LocateReply, AppendAck):
+    for reply in (OfferAnswer, LocateReply, AppendAck, HandoverReply):
         try:
             reply.from_wire(body)
         except DecodeError:

@@ -36,6 +36,8 @@ __all__ = [
     "DigestReply",
     "Fetch",
     "FetchReply",
+    "Handover",
+    "HandoverReply",
     "Locate",
     "LocateReply",
     "Offer",
@@ -650,14 +652,18 @@ class Fetch(Request):
 @attrs.frozen
 class LocateReply:
     """Per chain asked: its route, or ``None``; ``held`` says the node holds a copy of
-    the chain's events even without a route (a reader's copy, say)."""
+    the chain's events even without a route (a reader's copy, say). ``settled``: the
+    node has had the hand-over (see :class:`Handover`) from a majority of the nodes
+    nearest to the chain's key, so its "none" means none; a node that has not is
+    not counted when a survey decides that a chain does not exist."""
 
     routes: tuple[Route | None, ...]
     held: tuple[bool, ...] = ()
+    settled: tuple[bool, ...] = ()
 
     def to_wire(self) -> Any:
         return {"r": [None if r is None else r.to_wire() for r in self.routes],
-                "h": list(self.held)}
+                "h": list(self.held), **({"s": list(self.settled)} if self.settled else {})}
 
     @classmethod
     def from_wire(cls, body: Any) -> LocateReply:
@@ -669,7 +675,12 @@ class LocateReply:
             held = _items(m, "h", "locate reply", lambda v, w: _bool({"v": v}, "v", w))
             if len(held) != len(routes):
                 raise DecodeError("one held flag per route", where="locate reply")
-        return cls(routes, held)
+        settled: tuple[bool, ...] = ()
+        if "s" in m:
+            settled = _items(m, "s", "locate reply", lambda v, w: _bool({"v": v}, "v", w))
+            if len(settled) != len(routes):
+                raise DecodeError("one settled flag per route", where="locate reply")
+        return cls(routes, held, settled)
 
 
 @attrs.frozen
@@ -688,6 +699,53 @@ class Locate(Request):
     def from_wire(cls, body: Any) -> Locate:
         m = _map(body, "locate")
         return cls(_items(m, "c", "locate", _key, nonempty=True))
+
+
+MAX_HANDOVER = 1024
+
+
+@attrs.frozen
+class HandoverReply:
+    """The chains the asker is nearer to than one of their brokers, in key order
+    after the one asked from; ``more``: ask again after the last."""
+
+    criteria: tuple[bytes, ...]
+    more: bool = False
+
+    def to_wire(self) -> Any:
+        return {"c": list(self.criteria), "m": self.more}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> HandoverReply:
+        m = _map(body, "handover reply")
+        criteria = _items(m, "c", "handover reply", _key, limit=MAX_HANDOVER)
+        if any(a >= b for a, b in zip(criteria, criteria[1:], strict=False)):
+            raise DecodeError("criteria must be in ascending order", where="handover reply")
+        return cls(criteria, _bool(m, "m", "handover reply"))
+
+
+@attrs.frozen
+class Handover(Request):
+    """A node that (re)joined asks the nodes nearest to it which chains it should
+    know of: those whose brokers include one farther from the key than the asker.
+    Until a majority of them answered, its own "no such chain" is not trusted."""
+
+    SERVICE: ClassVar[str] = "handover"
+    Reply: ClassVar[type[Any]] = HandoverReply
+
+    after: bytes = b""
+    """Criteria after this one (empty: from the start)."""
+
+    def to_wire(self) -> Any:
+        return {"a": self.after}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> Handover:
+        m = _map(body, "handover")
+        after = _bytes(m, "a", "handover")
+        if after and len(after) != 32:
+            raise DecodeError("field 'a' must be empty or a 32-byte key", where="handover")
+        return cls(after)
 
 
 # -- anti-entropy ----------------------------------------------------------------

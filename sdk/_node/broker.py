@@ -22,11 +22,14 @@ from .._core.chain import WriterPolicy
 from .._core.event import Event
 from .._core.membership import Member
 from .._core.messages import (
+    MAX_HANDOVER,
     Answer,
     CommitQuery,
     CommitReply,
     Fetch,
     FetchReply,
+    Handover,
+    HandoverReply,
     Locate,
     LocateReply,
     Offer,
@@ -81,6 +84,7 @@ class Broker:
         self.rpc.serve(CommitQuery, self._serve_commit)
         self.rpc.serve(Fetch, self._serve_fetch)
         self.rpc.serve(Locate, self._serve_locate)
+        self.rpc.serve(Handover, self._serve_handover)
 
     @property
     def events_received(self) -> int:
@@ -289,4 +293,10 @@ class Broker:
             routes.append(route or self.sets.cached(criterion))
             held.append(route is not None or self.sets.exists(criterion)
                         or await self.chains.head(criterion) is not None)
-        return LocateReply(tuple(routes), tuple(held))
+        return LocateReply(tuple(routes), tuple(held),
+                           tuple(self.sets.settled_for(c) for c in request.criteria))
+
+    async def _serve_handover(self, peer: Peer, request: Handover) -> HandoverReply:
+        criteria, more = self.replicator.handover_for(Member(peer.public_key, peer.address),
+                                                      request.after, MAX_HANDOVER)
+        return HandoverReply(tuple(criteria), more)

@@ -807,6 +807,7 @@ async def open_node(
             if node._overlay is not None:
                 await nursery.start(node._overlay.run)
             await nursery.start(node._replicator.run)
+            nursery.start_soon(node._sets.settle, node._options.anti_entropy)
             await nursery.start(node._feeds.run)
             pm.hook.ketten_node_started(node=node)
             started = True

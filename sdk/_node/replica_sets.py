@@ -24,16 +24,19 @@ import trio
 
 from .._core.acquaintances import Acquaintances
 from .._core.membership import ChainConfig, Member, majority
-from .._core.messages import MAX_BATCH, Locate, Route
+from .._core.messages import MAX_BATCH, Handover, Locate, Route
 from ..errors import KettenError, QuorumUnavailable
 from ..interfaces import Overlay, Peer
 from .coalesce import Coalescer
 from .rpc import Rpc
 
-__all__ = ["Creation", "ReplicaSets", "Survey"]
+__all__ = ["Creation", "Located", "ReplicaSets", "Survey"]
 
 _MAX_ROUTES = 1 << 16
 _MAX_KNOWN = 1 << 18
+_MAX_HANDOVER_PAGES = 1 << 10
+_MAX_HANDED = 1 << 12
+_MAX_WANTED = 64
 
 
 @attrs.frozen
@@ -54,6 +57,18 @@ class Survey:
     """How many of those answered."""
     nearby: tuple[Member, ...] = ()
     """The nodes the overlay named nearest to the key, nearest first."""
+
+
+@attrs.frozen
+class Located:
+    """One node's answer about one chain."""
+
+    route: Route | None
+    """The best route it knows."""
+    held: bool
+    """Whether it holds a copy or a route of the chain."""
+    settled: bool
+    """Whether it has had the hand-over of the chains near it (its "none" counts)."""
 
 
 @attrs.frozen
@@ -111,15 +126,19 @@ class ReplicaSets:
     _known_dirty: bool = attrs.field(default=False, init=False)
     _lookups: int = attrs.field(default=0, init=False)
     _near_asks: int = attrs.field(default=0, init=False)
-    _locates: Coalescer[Member, bytes, tuple[Route | None, bool]] = attrs.field(init=False)
+    _locates: Coalescer[Member, bytes, Located] = attrs.field(init=False)
     _desired: OrderedDict[bytes, tuple[int, list[Member]]] = attrs.field(factory=OrderedDict,
                                                                       init=False)
+    _handed: OrderedDict[bytes, None] = attrs.field(factory=OrderedDict, init=False)
+    """Nodes that handed this node the chains near it (see :meth:`settle`)."""
+    _wanted: dict[bytes, Member] = attrs.field(factory=dict, init=False)
+    """Nodes to take the hand-over from next (near a key this node was asked about)."""
+    _want: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._locates = Coalescer(self._send_locate, self.nursery, MAX_BATCH)
 
-    async def _send_locate(self, member: Member,
-                           criteria: list[bytes]) -> list[tuple[Route | None, bool]]:
+    async def _send_locate(self, member: Member, criteria: list[bytes]) -> list[Located]:
         try:
             _, reply = await self.rpc.call(self.address(member), Locate(tuple(criteria)),
                                            timeout=self.timeout / 2, retransmit=True,
@@ -129,13 +148,82 @@ class ReplicaSets:
         if len(reply.routes) != len(criteria):
             return []
         held = reply.held or (False,) * len(criteria)
-        return [(route, bool(h)) for route, h in zip(reply.routes, held, strict=True)]
+        settled = reply.settled or (False,) * len(criteria)
+        return [Located(route, h, s)
+                for route, h, s in zip(reply.routes, held, settled, strict=True)]
 
-    async def locate(self, member: Member, criterion: bytes) -> tuple[Route | None, bool] | None:
-        """What ``member`` knows of ``criterion``: its route and whether it holds a copy
-        (``None``: it did not answer). Asks made in one scheduler pass to one node
-        travel in one request."""
+    async def locate(self, member: Member, criterion: bytes) -> Located | None:
+        """What ``member`` knows of ``criterion`` (``None``: it did not answer). Asks
+        made in one scheduler pass to one node travel in one request."""
         return await self._locates.call(member, criterion)
+
+    def settled_for(self, criterion: bytes) -> bool:
+        """Whether this node has had the hand-over (see :meth:`settle`) from a majority
+        of the ``r`` other nodes its routing table names nearest to ``criterion``:
+        only then does its "no such chain" count. If not, it asks them soon."""
+        if self.overlay is None or self.replication <= 1:
+            return True
+        own = self.own().key
+        near = [member_of(p) for p in self.overlay.nearest(criterion, self.replication + 1)
+                if p.public_key != own][: self.replication]
+        missing = [m for m in near if m.key not in self._handed]
+        if missing and len(self._wanted) < _MAX_WANTED:
+            for member in missing:
+                self._wanted.setdefault(member.key, member)
+            self._want.set()
+        return bool(near) and len(near) - len(missing) >= majority(len(near))
+
+    async def settle(self, retry: float) -> None:
+        """Take the hand-over of the chains near this node (those it is nearer to
+        than one of their brokers): from the ``2r`` nodes nearest to it, and from
+        the nodes near a key it was asked about (see :meth:`settled_for`); each
+        node once, tried again every ``retry`` seconds until it answers in full.
+
+        A node that joined near a key, or came back after a while, knows nothing
+        of the chains there; without the hand-over its "no such chain" would let
+        a survey conclude that a chain with acknowledged events does not exist.
+        """
+        if self.overlay is None or self.replication <= 1:
+            return
+        own = self.own()
+        while True:
+            near = {member_of(p).key: member_of(p) for p in self.overlay.nearest(
+                own.node_id, 2 * self.replication + 1) if p.public_key != own.key}
+            near.update(self._wanted)
+            self._wanted.clear()
+            self._want = trio.Event()
+            todo = [m for key, m in near.items() if key not in self._handed]
+
+            async def take(member: Member) -> None:
+                if await self._take_handover(member):
+                    self._handed[member.key] = None
+                    while len(self._handed) > _MAX_HANDED:
+                        self._handed.popitem(last=False)
+
+            async with trio.open_nursery() as nursery:
+                for member in todo:
+                    nursery.start_soon(take, member)
+            with trio.move_on_after(retry):
+                await self._want.wait()
+
+    async def _take_handover(self, member: Member) -> bool:
+        after = b""
+        for _ in range(_MAX_HANDOVER_PAGES):
+            try:
+                _, reply = await self.rpc.call(self.address(member), Handover(after),
+                                               timeout=self.timeout, retransmit=True,
+                                               expect=member.key)
+            except KettenError:
+                return False
+            for criterion in reply.criteria:
+                if criterion > after:
+                    self.note_exists(criterion)
+            if not reply.more:
+                return True
+            if not reply.criteria or reply.criteria[-1] <= after:
+                return False  # "more" without progress: not an answer
+            after = reply.criteria[-1]
+        return False
 
     @property
     def hedge(self) -> float:
@@ -327,8 +415,8 @@ class ReplicaSets:
 
         async def ask(member: Member, done: trio.Event | None = None) -> None:
             answer = await self.locate(member, criterion)
-            if answer is not None and answer[0] is not None:
-                found.append(answer[0])
+            if answer is not None and answer.route is not None:
+                found.append(answer.route)
             if done is not None:
                 done.set()
 
@@ -372,7 +460,7 @@ class ReplicaSets:
         if best is None and self.load is not None:
             best = await self.load(criterion)
         others = [m for m in asked.values() if m.key != own]
-        results: list[tuple[Route | None, bool] | None] = [None] * len(others)
+        results: list[Located | None] = [None] * len(others)
 
         async def ask(index: int, member: Member) -> None:
             results[index] = await self.locate(member, criterion)
@@ -382,13 +470,19 @@ class ReplicaSets:
                 nursery.start_soon(ask, index, member)
         held = False
         local = best
-        answering = {own} if own in asked else set()
+        # Only a node that has had its hand-over can vouch that a chain is absent; one
+        # that answered without it holds no copy (it would say so), so it is left out
+        # of the key's nearest: the nodes behind it must answer instead.
+        answering: set[bytes] = set()
+        unsettled: set[bytes] = set()
+        if own in asked:
+            (answering if self.settled_for(criterion) else unsettled).add(own)
         for member, result in zip(others, results, strict=True):
             if result is None:
                 continue
-            answering.add(member.key)
-            found, copy = result
-            held = held or copy or found is not None
+            (answering if result.settled else unsettled).add(member.key)
+            found = result.route
+            held = held or result.held or found is not None
             if found is not None and (best is None or preference(found) < preference(best)):
                 best = found
             if (found is not None and local is not None and found.genesis is not None
@@ -399,8 +493,9 @@ class ReplicaSets:
         elif held:
             self.note_exists(criterion)
         goal = int.from_bytes(criterion, "big")
-        nearest = sorted(asked.values(), key=lambda m: self.distance(
-            int.from_bytes(m.node_id, "big"), goal))[: self.replication]
+        nearest = sorted((m for m in asked.values() if m.key not in unsettled),
+                         key=lambda m: self.distance(int.from_bytes(m.node_id, "big"),
+                                                     goal))[: self.replication]
         return Survey(route=best, held=held,
                       answered=sum(1 for m in nearby if m.key in answering),
                       asked=len(nearby) or 1,

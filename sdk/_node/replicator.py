@@ -15,6 +15,7 @@ store, carries their messages and writes what they decide.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import logging
 import random
@@ -27,6 +28,7 @@ import trio
 
 from .._core.chain import genesis_wins, make_locator
 from .._core.event import Event
+from .._core.identity import node_id_of
 from .._core.membership import ChainConfig, ChainState, Member, Pos
 from .._core.messages import (
     MAX_BATCH,
@@ -249,6 +251,8 @@ class Replicator:
     _dirty_states: dict[bytes, None] = attrs.field(factory=dict, init=False)
     _members: dict[bytes, frozenset[bytes]] = attrs.field(factory=dict, init=False)
     """Voters of every chain this node holds state of (for background rounds)."""
+    _held_sorted: list[bytes] | None = attrs.field(default=None, init=False)
+    """The chains of :attr:`_members` in key order (``None``: one was added since)."""
     _shared_cache: dict[bytes, list[bytes]] | None = attrs.field(default=None, init=False)
     """Per peer, the chains shared with it (see :meth:`_shared`); ``None`` after a change."""
     _entry_hashes: dict[bytes, tuple[int, int, int]] = attrs.field(factory=dict, init=False)
@@ -320,6 +324,27 @@ class Replicator:
             return True
         replica = self._replicas.get(criterion)
         return replica is not None and replica.config is not None
+
+    def handover_for(self, asker: Member, after: bytes, limit: int) -> tuple[list[bytes], bool]:
+        """The chains held here, in key order after ``after``, that ``asker`` is nearer
+        to than one of their voters (it may come to be asked about them), at most
+        ``limit`` of them; and whether there are more."""
+        asker_id = int.from_bytes(asker.node_id, "big")
+        found: list[bytes] = []
+        if self._held_sorted is None:
+            self._held_sorted = sorted(self._members)
+        held = self._held_sorted
+        for criterion in held[bisect.bisect_right(held, after):]:
+            if criterion not in self._members:
+                continue
+            key = int.from_bytes(criterion, "big")
+            near = self.sets.distance(asker_id, key)
+            if any(self.sets.distance(int.from_bytes(node_id_of(voter), "big"), key) > near
+                   for voter in self._members[criterion] if voter != asker.key):
+                if len(found) == limit:
+                    return found, True
+                found.append(criterion)
+        return found, False
 
     def route_of(self, criterion: bytes) -> Route | None:
         """What this node knows of the chain, from a loaded replica (no store access)."""
@@ -531,6 +556,8 @@ class Replicator:
         if config is None:
             self._drop_members(criterion)
         elif self._members.get(criterion) != config.keys():
+            if criterion not in self._members:
+                self._held_sorted = None
             self._members[criterion] = config.keys()
             self._shared_cache = None
 
