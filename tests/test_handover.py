@@ -8,8 +8,9 @@ import pytest
 import trio
 
 from ketten import Identity, Node, NodeConfig, criterion_key, open_node
+from ketten._core.messages import HandoverReply
 from ketten.adapters.memory import MemoryNetwork
-from ketten.errors import PublishOutcomeUnknown, QuorumUnavailable
+from ketten.errors import PublishOutcomeUnknown, QuorumUnavailable, RemoteError
 from ketten.plugins.memory_store import MemoryBacking
 from ketten.testing import deterministic_identity
 
@@ -83,4 +84,28 @@ async def test_newcomers_cut_off_from_the_brokers_never_read_an_empty_chain(
         # after the acknowledged events, in the one chain.
         assert payloads[:5] == [f"event {s}".encode() for s in range(5)]
         assert payloads[5:] in ([], [b"beside the chain"])
+        nursery.cancel_scope.cancel()
+
+
+async def test_hand_over_pages_are_rate_limited_per_peer(plugins, autojump_clock) -> None:
+    net = MemoryNetwork()
+    identities = [deterministic_identity(73, i) for i in range(3)]
+    async with trio.open_nursery() as nursery:
+        nodes = [await start(nursery, net, identities[i], f"h:{i}", plugins) for i in range(3)]
+        await trio.sleep(2.0)
+        await nodes[0].publish(KEY_NAME, b"one", command=1)
+        answered = refused = 0
+        began = trio.current_time()
+        for _ in range(300):
+            try:
+                _, body = await nodes[1].request("h:0", "handover", {"a": b""}, timeout=1.0)
+            except RemoteError as exc:
+                assert "hand-over" in str(exc)
+                refused += 1
+            else:
+                assert HandoverReply.from_wire(body).more is False
+                answered += 1
+        # A burst of 128, then 8 a second.
+        assert refused > 0
+        assert answered <= 128 + 8 * (trio.current_time() - began) + 1
         nursery.cancel_scope.cancel()

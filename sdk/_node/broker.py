@@ -41,7 +41,14 @@ from .._core.messages import (
 from .._core.publish import Verdict, judge_offer
 from .._core.quota import RateLimit
 from .._core.replica import Replica
-from ..errors import DecodeError, InvalidEvent, KettenError, StoreConflict, StoreError
+from ..errors import (
+    DecodeError,
+    InvalidEvent,
+    KettenError,
+    QuotaExceeded,
+    StoreConflict,
+    StoreError,
+)
 from ..interfaces import Peer
 from .local_chains import LocalChains
 from .replica_sets import ReplicaSets
@@ -77,6 +84,8 @@ class Broker:
     """Chains one author may start (per author key)."""
     author_bytes: RateLimit
     """Bytes of events this node accepts from one author as leader (per author key)."""
+    handovers: RateLimit = attrs.field(factory=lambda: RateLimit(8.0, 128.0))
+    """Hand-over pages one peer may ask for (each scans the chains held here)."""
     _received: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -297,6 +306,8 @@ class Broker:
                            tuple(self.sets.settled_for(c) for c in request.criteria))
 
     async def _serve_handover(self, peer: Peer, request: Handover) -> HandoverReply:
+        if not self.handovers.allow(peer.public_key, trio.current_time()):
+            raise QuotaExceeded("too many hand-over requests from this peer; ask again later")
         criteria, more = self.replicator.handover_for(Member(peer.public_key, peer.address),
                                                       request.after, MAX_HANDOVER)
         return HandoverReply(tuple(criteria), more)

@@ -34,7 +34,7 @@ __all__ = ["Creation", "Located", "ReplicaSets", "Survey"]
 
 _MAX_ROUTES = 1 << 16
 _MAX_KNOWN = 1 << 18
-_MAX_HANDOVER_PAGES = 1 << 10
+_MAX_HANDOVER_PAGES = 64
 _MAX_HANDED = 1 << 12
 _MAX_WANTED = 64
 
