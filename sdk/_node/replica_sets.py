@@ -28,7 +28,7 @@ from .._core.messages import MAX_BATCH, Handover, Locate, Route
 from ..errors import KettenError, QuorumUnavailable
 from ..interfaces import Overlay, Peer
 from .coalesce import Coalescer
-from .rpc import Rpc
+from .rpc import Rpc, guarded
 
 __all__ = ["Creation", "Located", "ReplicaSets", "Survey"]
 
@@ -185,26 +185,30 @@ class ReplicaSets:
         """
         if self.overlay is None or self.replication <= 1:
             return
-        own = self.own()
         while True:
-            near = {member_of(p).key: member_of(p) for p in self.overlay.nearest(
-                own.node_id, 2 * self.replication + 1) if p.public_key != own.key}
-            near.update(self._wanted)
-            self._wanted.clear()
-            self._want = trio.Event()
-            todo = [m for key, m in near.items() if key not in self._handed]
-
-            async def take(member: Member) -> None:
-                if await self._take_handover(member):
-                    self._handed[member.key] = None
-                    while len(self._handed) > _MAX_HANDED:
-                        self._handed.popitem(last=False)
-
-            async with trio.open_nursery() as nursery:
-                for member in todo:
-                    nursery.start_soon(take, member)
+            await guarded(self._settle_round)
             with trio.move_on_after(retry):
                 await self._want.wait()
+
+    async def _settle_round(self) -> None:
+        assert self.overlay is not None
+        self._want = trio.Event()  # first: a round that fails must not leave it set
+        wanted, self._wanted = self._wanted, {}
+        own = self.own()
+        near = {member_of(p).key: member_of(p) for p in self.overlay.nearest(
+            own.node_id, 2 * self.replication + 1) if p.public_key != own.key}
+        near.update(wanted)
+
+        async def take(member: Member) -> None:
+            if await self._take_handover(member):
+                self._handed[member.key] = None
+                while len(self._handed) > _MAX_HANDED:
+                    self._handed.popitem(last=False)
+
+        async with trio.open_nursery() as nursery:
+            for key, member in near.items():
+                if key not in self._handed:
+                    nursery.start_soon(take, member)
 
     async def _take_handover(self, member: Member) -> bool:
         after = b""
