@@ -330,6 +330,7 @@ class Replicator:
         to than one of their voters (it may come to be asked about them), at most
         ``limit`` of them; and whether there are more."""
         asker_id = int.from_bytes(asker.node_id, "big")
+        ids: dict[bytes, int] = {}
         found: list[bytes] = []
         if self._held_sorted is None:
             self._held_sorted = sorted(self._members)
@@ -339,8 +340,9 @@ class Replicator:
                 continue
             key = int.from_bytes(criterion, "big")
             near = self.sets.distance(asker_id, key)
-            if any(self.sets.distance(int.from_bytes(node_id_of(voter), "big"), key) > near
-                   for voter in self._members[criterion] if voter != asker.key):
+            voters = [ids.get(v) or ids.setdefault(v, int.from_bytes(node_id_of(v), "big"))
+                      for v in self._members[criterion] if v != asker.key]
+            if any(self.sets.distance(voter, key) > near for voter in voters):
                 if len(found) == limit:
                     return found, True
                 found.append(criterion)
