@@ -8,6 +8,7 @@ import pytest
 import trio
 
 from ketten import Identity, Node, NodeConfig, criterion_key, open_node
+from ketten._core.handover import MAX_HANDED, MAX_PAGES, MAX_WANTED, HandoverState, Page
 from ketten._core.messages import HandoverReply
 from ketten.adapters.memory import MemoryNetwork
 from ketten.errors import PublishOutcomeUnknown, QuorumUnavailable, RemoteError
@@ -109,3 +110,63 @@ async def test_hand_over_pages_are_rate_limited_per_peer(plugins, autojump_clock
         assert refused > 0
         assert answered <= 128 + 8 * (trio.current_time() - began) + 1
         nursery.cancel_scope.cancel()
+
+
+# -- the sans-IO core ----------------------------------------------------------
+
+def page(*criteria: bytes, more: bool) -> HandoverReply:
+    return HandoverReply(criteria=criteria, more=more)
+
+
+def test_a_key_is_settled_once_a_majority_of_its_nearest_handed_over() -> None:
+    state: HandoverState[str] = HandoverState()
+    near = [(b"a", "A"), (b"b", "B"), (b"c", "C")]
+    assert not state.settled(near)
+    assert state.wanting
+    assert sorted(state.round([])) == near  # the wanted are asked in the next round
+    assert not state.wanting
+    state.on_reply(b"a", b"", page(more=False))
+    assert not state.settled(near)
+    state.on_reply(b"b", b"", page(b"k1", more=False))
+    assert state.settled(near)
+    assert state.round(near) == [(b"c", "C")]  # the handed are not asked again
+    assert not state.settled([])  # nobody near: nothing to count on
+
+
+def test_pages_are_followed_until_done_and_only_forward() -> None:
+    state: HandoverState[str] = HandoverState()
+    state.round([(b"a", "A")])
+    first = state.on_reply(b"a", b"", page(b"k1", b"k2", more=True))
+    assert first == Page((b"k1", b"k2"), b"k2", handed=False)
+    # A peer that says "more" without moving past where it was asked is done with.
+    stuck = state.on_reply(b"a", b"k2", page(b"k1", b"k2", more=True))
+    assert stuck == Page((), None, handed=False)
+    assert not state.handed(b"a")
+    last = state.on_reply(b"a", b"k2", page(b"k3", more=False))
+    assert last == Page((b"k3",), None, handed=True)
+    assert state.handed(b"a")
+
+
+def test_a_peer_gives_at_most_max_pages_in_a_round() -> None:
+    state: HandoverState[str] = HandoverState()
+    state.round([(b"a", "A")])
+    after = b""
+    for i in range(MAX_PAGES):
+        key = i.to_bytes(4, "big") + b"\x01"
+        result = state.on_reply(b"a", after, page(key, more=True))
+        if result.after is None:
+            break
+        after = result.after
+    assert i == MAX_PAGES - 1 and result.after is None and not result.handed
+    state.round([(b"a", "A")])  # a new round asks it again, from the start
+    assert state.on_reply(b"a", b"", page(b"\x00", more=True)).after == b"\x00"
+
+
+def test_the_wanted_and_the_handed_are_bounded() -> None:
+    state: HandoverState[int] = HandoverState()
+    state.settled([(i.to_bytes(4, "big"), i) for i in range(MAX_WANTED * 3)])
+    assert len(state.round([])) == MAX_WANTED
+    for i in range(MAX_HANDED + 10):
+        state.on_reply(i.to_bytes(4, "big"), b"", page(more=False))
+    assert not state.handed((0).to_bytes(4, "big"))  # the oldest forgotten
+    assert state.handed((MAX_HANDED + 9).to_bytes(4, "big"))

@@ -23,6 +23,7 @@ import attrs
 import trio
 
 from .._core.acquaintances import Acquaintances
+from .._core.handover import HandoverState
 from .._core.membership import ChainConfig, Member, majority
 from .._core.messages import MAX_BATCH, Handover, Locate, Route
 from ..errors import KettenError, QuorumUnavailable
@@ -34,9 +35,6 @@ __all__ = ["Creation", "Located", "ReplicaSets", "Survey"]
 
 _MAX_ROUTES = 1 << 16
 _MAX_KNOWN = 1 << 18
-_MAX_HANDOVER_PAGES = 64
-_MAX_HANDED = 1 << 12
-_MAX_WANTED = 64
 
 
 @attrs.frozen
@@ -129,10 +127,8 @@ class ReplicaSets:
     _locates: Coalescer[Member, bytes, Located] = attrs.field(init=False)
     _desired: OrderedDict[bytes, tuple[int, list[Member]]] = attrs.field(factory=OrderedDict,
                                                                       init=False)
-    _handed: OrderedDict[bytes, None] = attrs.field(factory=OrderedDict, init=False)
-    """Nodes that handed this node the chains near it (see :meth:`settle`)."""
-    _wanted: dict[bytes, Member] = attrs.field(factory=dict, init=False)
-    """Nodes to take the hand-over from next (near a key this node was asked about)."""
+    _handover: HandoverState[Member] = attrs.field(factory=HandoverState, init=False)
+    """Who handed this node the chains near it, whom to ask next (see :meth:`settle`)."""
     _want: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -164,14 +160,12 @@ class ReplicaSets:
         if self.overlay is None or self.replication <= 1:
             return True
         own = self.own().key
-        near = [member_of(p) for p in self.overlay.nearest(criterion, self.replication + 1)
-                if p.public_key != own][: self.replication]
-        missing = [m for m in near if m.key not in self._handed]
-        if missing and len(self._wanted) < _MAX_WANTED:
-            for member in missing:
-                self._wanted.setdefault(member.key, member)
+        near = [(m.key, m) for m in map(member_of, self.overlay.nearest(
+            criterion, self.replication + 1)) if m.key != own][: self.replication]
+        settled = self._handover.settled(near)
+        if self._handover.wanting:
             self._want.set()
-        return bool(near) and len(near) - len(missing) >= majority(len(near))
+        return settled
 
     async def settle(self, retry: float) -> None:
         """Take the hand-over of the chains near this node (those it is nearer to
@@ -193,41 +187,26 @@ class ReplicaSets:
     async def _settle_round(self) -> None:
         assert self.overlay is not None
         self._want = trio.Event()  # first: a round that fails must not leave it set
-        wanted, self._wanted = self._wanted, {}
         own = self.own()
-        near = {member_of(p).key: member_of(p) for p in self.overlay.nearest(
-            own.node_id, 2 * self.replication + 1) if p.public_key != own.key}
-        near.update(wanted)
-
-        async def take(member: Member) -> None:
-            if await self._take_handover(member):
-                self._handed[member.key] = None
-                while len(self._handed) > _MAX_HANDED:
-                    self._handed.popitem(last=False)
-
+        near = [(m.key, m) for m in map(member_of, self.overlay.nearest(
+            own.node_id, 2 * self.replication + 1)) if m.key != own.key]
         async with trio.open_nursery() as nursery:
-            for key, member in near.items():
-                if key not in self._handed:
-                    nursery.start_soon(take, member)
+            for key, member in self._handover.round(near):
+                nursery.start_soon(self._take_handover, key, member)
 
-    async def _take_handover(self, member: Member) -> bool:
-        after = b""
-        for _ in range(_MAX_HANDOVER_PAGES):
+    async def _take_handover(self, key: bytes, member: Member) -> None:
+        after: bytes | None = b""
+        while after is not None:
             try:
                 _, reply = await self.rpc.call(self.address(member), Handover(after),
                                                timeout=self.timeout, retransmit=True,
-                                               expect=member.key)
+                                               expect=key)
             except KettenError:
-                return False
-            for criterion in reply.criteria:
-                if criterion > after:
-                    self.note_exists(criterion)
-            if not reply.more:
-                return True
-            if not reply.criteria or reply.criteria[-1] <= after:
-                return False  # "more" without progress: not an answer
-            after = reply.criteria[-1]
-        return False
+                return
+            page = self._handover.on_reply(key, after, reply)
+            for criterion in page.criteria:
+                self.note_exists(criterion)
+            after = page.after
 
     @property
     def hedge(self) -> float:
