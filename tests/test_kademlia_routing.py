@@ -263,8 +263,7 @@ def test_lookup_finds_the_closest_and_skips_the_dead(paths: int) -> None:
         assert lookup.result(5) == sorted(live, key=lambda c: c.id ^ target)[:5]
         assert me not in lookup.result(100)
         stats = lookup.statistics()
-        assert stats.failures == len({c.id for c in lookup._contacts.values()} & dead & set(
-            lookup._owner))
+        assert stats.failures == len(dead & set(lookup._tried))
         assert stats.answered + stats.failures == stats.queries
 
 
@@ -299,3 +298,44 @@ def test_lookup_without_seeds_finishes_empty() -> None:
         lookup.start([])
     with pytest.raises(UsageError):
         Lookup(1, 2, paths=0)
+
+
+@pytest.mark.parametrize("liars_first", [False, True])
+@pytest.mark.parametrize("paths", [1, 3])
+def test_liars_naming_keys_at_trap_addresses_cannot_hide_them(paths: int,
+                                                              liars_first: bool) -> None:
+    """A tenth of the nodes lie: they name the real closest keys at trap addresses of
+    their own (where nobody answers with those keys), answering in random order or
+    before everyone else. Each path tries the other addresses it heard for a key, so
+    the lookup still finds the real closest nodes, each at its real address."""
+    net = Network(300)
+    rng = random.Random(9)
+    me = net.contacts[0]
+    real = {c.id: c.peer.address for c in net.contacts}
+    liars = {c.id for c in rng.sample(net.contacts[1:], 30)}
+    honest = [c for c in net.contacts[1:] if c.id not in liars]
+    for _ in range(40):
+        target = rng.getrandbits(256)
+
+        def lie(node_id: int, target: int = target) -> list[Contact]:
+            return [Contact(c.id, Peer(f"trap:{node_id}:{c.id % 97}", c.peer.public_key))
+                    for c in net.answer(node_id, target, 8)]
+
+        lookup = Lookup(target, me.id, k=8, alpha=3, paths=paths)
+        queue = list(lookup.start(rng.sample(net.contacts[1:], 8)))
+        while queue:
+            if liars_first:
+                queue.sort(key=lambda q: q.contact.id not in liars)
+            query = queue.pop(0 if liars_first else rng.randrange(len(queue)))
+            node_id = query.contact.id
+            if query.contact.peer.address != real[node_id]:
+                queue.extend(lookup.on_failure(node_id))  # nobody with that key answers there
+            elif node_id in liars:
+                queue.extend(lookup.on_reply(node_id, lie(node_id)))
+            else:
+                queue.extend(lookup.on_reply(node_id, net.answer(node_id, target, 8)))
+        assert lookup.finished
+        found = [c for c in lookup.result(30) if c.id not in liars][:4]
+        assert found == sorted(honest, key=lambda c: c.id ^ target)[:4]
+        assert all(c.peer.address == real[c.id] for c in lookup.result(30))
+        assert lookup.statistics().queries <= 3 * len(lookup._tried)

@@ -384,12 +384,24 @@ class KademliaOverlay:
         try:
             peer, answer = await self._rpc(contact.peer.address, request)
             _check_key(contact, peer)
-            contacts = decode_contacts(answer, self.options.puzzle_difficulty, limit)
+            contacts = self._verified_first(
+                decode_contacts(answer, self.options.puzzle_difficulty, limit))
         except KettenError as exc:  # any failure of one query is a failed contact
             _log.debug("find at %s failed: %s", contact.peer.address, exc)
             self._counts["query_failures"] += 1
             self._failed(contact)
         send.send_nowait((query, contacts))
+
+    def _verified_first(self, contacts: list[Contact]) -> list[Contact]:
+        # An address in a reply is only claimed; where the routing table holds the key
+        # at an address it answered at, the lookup tries that one first.
+        out: list[Contact] = []
+        for contact in contacts:
+            known = self._table.get(contact.id)
+            if known is not None and known.peer.address != contact.peer.address:
+                out.append(known)
+            out.append(contact)
+        return out
 
     async def _ping(self, address: str, expected: Contact | None) -> None:
         try:

@@ -8,6 +8,14 @@ others. A path ends when the ``k`` closest contacts it knows (and no other
 path queried) have all answered it. The result is the closest nodes that
 answered any path: a node only counts once it replied with its own key.
 
+A reply names a contact by key and a claimed address, unverified until the
+contact answers there with that key. Each path keeps the addresses it heard
+for a key, up to :data:`MAX_ADDRESSES`, first heard first: a key that failed
+at one address is tried at the next one a path heard. So a liar who names a
+real key at an address of its own (a trap that never answers with that key)
+cannot hide the node from a path that heard its real address, and a
+captured path cannot spoil the others' addresses.
+
 The driver sends each returned :class:`Query`, sets its own timeouts and
 feeds back :meth:`Lookup.on_reply` or :meth:`Lookup.on_failure`.
 """
@@ -24,7 +32,10 @@ from ketten.errors import UsageError
 
 from ._ids import Contact
 
-__all__ = ["Lookup", "LookupStatistics", "Query"]
+__all__ = ["MAX_ADDRESSES", "Lookup", "LookupStatistics", "Query"]
+
+MAX_ADDRESSES = 3
+"""Addresses a path keeps per key (the first it heard, then alternatives)."""
 
 
 class _State(enum.Enum):
@@ -54,7 +65,8 @@ class LookupStatistics:
 @attrs.define(eq=False, slots=True)
 class _Path:
     shortlist: list[tuple[int, int]] = attrs.field(factory=list)
-    known: set[int] = attrs.field(factory=set)
+    heard: dict[int, list[Contact]] = attrs.field(factory=dict)
+    """The addresses this path heard for each key, first heard first."""
     waiting: int = 0
     done: bool = False
 
@@ -69,7 +81,9 @@ class Lookup:
     alpha: int = 3
     paths: int = 1
     _paths: list[_Path] = attrs.field(init=False)
-    _contacts: dict[int, Contact] = attrs.field(factory=dict, init=False)
+    _asked: dict[int, Contact] = attrs.field(factory=dict, init=False)
+    """The contact (address) each key was last queried at."""
+    _tried: dict[int, set[str]] = attrs.field(factory=dict, init=False)
     _state: dict[int, _State] = attrs.field(factory=dict, init=False)
     _owner: dict[int, int] = attrs.field(factory=dict, init=False)
     _depth: dict[int, int] = attrs.field(factory=dict, init=False)
@@ -123,11 +137,12 @@ class Lookup:
         self._state[node_id] = _State.FAILED
         self._failures += 1
         self._paths[path_index].waiting -= 1
+        del self._owner[node_id]  # never reached: any path may try another address
         return self._advance()
 
     def result(self, count: int) -> list[Contact]:
         """The ``count`` closest nodes that answered, nearest first."""
-        return [self._contacts[node_id] for _, node_id in self._answered[:count]]
+        return [self._asked[node_id] for _, node_id in self._answered[:count]]
 
     def statistics(self) -> LookupStatistics:
         hops = self._depth[self._answered[0][1]] if self._answered else 0
@@ -139,16 +154,27 @@ class Lookup:
     def _learn(self, path_index: int, contact: Contact, depth: int) -> None:
         node_id = contact.id
         path = self._paths[path_index]
-        if node_id in path.known:
+        heard = path.heard.get(node_id)
+        if heard is not None:
+            if len(heard) < MAX_ADDRESSES and all(
+                    c.peer.address != contact.peer.address for c in heard):
+                heard.append(contact)
             return
-        path.known.add(node_id)
-        if node_id not in self._contacts:
-            self._contacts[node_id] = contact
+        path.heard[node_id] = [contact]
+        state = self._state.get(node_id)
+        if state is None:
             self._state[node_id] = _State.KNOWN
             self._depth[node_id] = depth
-        elif depth < self._depth[node_id] and self._state[node_id] is _State.KNOWN:
+        elif depth < self._depth[node_id] and state is _State.KNOWN:
             self._depth[node_id] = depth
         bisect.insort(path.shortlist, (node_id ^ self.target, node_id))
+
+    def _untried(self, path: _Path, node_id: int) -> Contact | None:
+        tried = self._tried.get(node_id, ())
+        for contact in path.heard[node_id]:
+            if contact.peer.address not in tried:
+                return contact
+        return None
 
     def _advance(self) -> list[Query]:
         out: list[Query] = []
@@ -161,20 +187,25 @@ class Lookup:
                 if eligible >= self.k:
                     break
                 state = self._state[node_id]
-                if state is _State.FAILED:
-                    continue
                 owner = self._owner.get(node_id)
                 if owner is not None and owner != index:
                     continue
-                eligible += 1
-                if state is _State.KNOWN:
+                if state is _State.KNOWN or state is _State.FAILED:
+                    contact = self._untried(path, node_id)
+                    if contact is None:
+                        continue  # failed at every address this path heard
+                    eligible += 1
                     pending = True
                     if path.waiting < self.alpha:
                         self._state[node_id] = _State.WAITING
                         self._owner[node_id] = index
+                        self._asked[node_id] = contact
+                        self._tried.setdefault(node_id, set()).add(contact.peer.address)
                         path.waiting += 1
                         self._queries += 1
-                        out.append(Query(self._contacts[node_id], index))
+                        out.append(Query(contact, index))
+                else:
+                    eligible += 1
             if not pending and path.waiting == 0:
                 path.done = True
         return out
