@@ -35,9 +35,13 @@ address peers should dial, default the bound one), ``max_connections``
 (256, including connections in the handshake), ``max_frame_size`` (bytes,
 4 MiB, checked on the length prefix before the body is read),
 ``handshake_timeout`` (seconds, 10), ``frame_timeout`` (seconds, 30),
-``idle_timeout`` (seconds, 300), ``max_concurrent_requests`` (per
-connection, 64), ``max_per_source`` (64) and ``max_handshakes_per_source``
-(8): incoming connections per source IP address; ``encrypt`` (true): seal
+``idle_timeout`` (seconds, 300), ``max_concurrent_requests`` (64: requests
+and messages of one peer handled at once, over all its connections),
+``max_inflight_bytes`` (64 MiB: bytes of requests and messages handled at
+once, all peers together; a frame beyond either bound waits, and its
+connection is not read meanwhile), ``max_per_source`` (64) and
+``max_handshakes_per_source`` (8): incoming connections per source IP
+address; ``encrypt`` (true): seal
 every frame after the handshake with ChaCha20-Poly1305 under keys from an
 X25519 exchange in the handshake (:mod:`._tcp_cipher`); every node of a
 network must use the same setting.
@@ -204,6 +208,29 @@ def _unexpected(frame: Hello | Auth | Refuse) -> None:
 
 
 @attrs.define(eq=False)
+class _ByteBudget:
+    """Bytes in use, at most ``limit`` (one claim alone may exceed it: a frame the
+    size bound admits is never refused, it waits until nothing else is in use)."""
+
+    limit: int
+    _used: int = 0
+    _lot: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot)
+
+    async def acquire(self, size: int) -> None:
+        while self._used and self._used + size > self.limit:
+            await self._lot.park()
+        self._used += size
+
+    def release(self, size: int) -> None:
+        self._used -= size
+        self._lot.unpark_all()
+
+    @property
+    def used(self) -> int:
+        return self._used
+
+
+@attrs.define(eq=False)
 class TcpTransport:
     """A :class:`~ketten.interfaces.Transport` over TCP."""
 
@@ -217,6 +244,7 @@ class TcpTransport:
     frame_timeout: float = 30.0
     idle_timeout: float = 300.0
     max_concurrent_requests: int = 64
+    max_inflight_bytes: int = 64 << 20
     max_per_source: int = 64
     max_handshakes_per_source: int = 8
     loses_frames: bool = attrs.field(default=False, init=False)
@@ -229,6 +257,10 @@ class TcpTransport:
     _dialing: dict[str, trio.Event] = attrs.field(factory=dict, init=False)
     _handshaking: int = attrs.field(default=0, init=False)
     _handshaking_from: dict[str, int] = attrs.field(factory=dict, init=False)
+    _peer_limits: dict[bytes, tuple[trio.Semaphore, int]] = attrs.field(factory=dict, init=False)
+    """Per peer key: its requests in flight (shared by all its connections), and how
+    many of its connections are open."""
+    _budget: _ByteBudget = attrs.field(init=False)
     _counts: dict[str, int] = attrs.field(init=False)
     _events: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(_log), init=False)
 
@@ -237,6 +269,7 @@ class TcpTransport:
         if self.advertise is not None:
             parse_address(self.advertise)
         self._counts = dict.fromkeys(attrs.fields_dict(TcpStatistics), 0)
+        self._budget = _ByteBudget(self.max_inflight_bytes)
 
     @property
     def address(self) -> str:
@@ -571,7 +604,10 @@ class TcpTransport:
 
     async def _run_connection(self, conn: Connection) -> None:
         """Read frames until the connection ends; a malformed frame ends it."""
-        limiter = trio.Semaphore(self.max_concurrent_requests)
+        key = conn.peer.public_key
+        limiter, users = self._peer_limits.get(key) or (
+            trio.Semaphore(self.max_concurrent_requests), 0)
+        self._peer_limits[key] = (limiter, users + 1)
         reason = "closed"
         try:
             with conn.cancel_scope:
@@ -582,6 +618,11 @@ class TcpTransport:
         finally:
             conn.close("transport stopped")
             self._forget(conn)
+            limiter, users = self._peer_limits[key]
+            if users > 1:
+                self._peer_limits[key] = (limiter, users - 1)
+            else:
+                del self._peer_limits[key]
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(conn.stream)
 
@@ -599,6 +640,7 @@ class TcpTransport:
                     case Request():
                         self._counts["requests_received"] += 1
                         await limiter.acquire()
+                        await self._budget.acquire(len(frame.data))
                         nursery.start_soon(self._answer, conn, frame, handler, limiter)
                     case ReplyFrame(req_id, data):
                         conn.settle(req_id, Reply(conn.peer, data))
@@ -607,6 +649,7 @@ class TcpTransport:
                     case Message(data):
                         self._counts["messages_received"] += 1
                         await limiter.acquire()
+                        await self._budget.acquire(len(data))
                         nursery.start_soon(self._take_message, conn.peer, data, handler, limiter)
                     case Hello() | Auth() | Refuse():
                         _unexpected(frame)
@@ -660,6 +703,7 @@ class TcpTransport:
         finally:
             conn.answering -= 1
             conn.last_used = trio.current_time()
+            self._budget.release(len(request.data))
             limiter.release()
 
     async def _take_message(self, peer: Peer, data: bytes, handler: Handler,
@@ -671,6 +715,7 @@ class TcpTransport:
         except Exception as exc:
             self._bug(f"a message from {peer.address}", exc)
         finally:
+            self._budget.release(len(data))
             limiter.release()
 
 
@@ -692,7 +737,8 @@ def ketten_plugin_spec(kind: str, name: str) -> PluginSpec | None:
         "handshake_timeout": Option("seconds a handshake may take", seconds),
         "frame_timeout": Option("seconds one frame may take to arrive", seconds),
         "idle_timeout": Option("seconds an unused connection stays open", seconds),
-        "max_concurrent_requests": Option("requests in flight on one connection", int),
+        "max_concurrent_requests": Option("requests handled at once for one peer", int),
+        "max_inflight_bytes": Option("bytes of requests handled at once, all peers", int),
         "max_per_source": Option("incoming connections per source address", int),
         "max_handshakes_per_source": Option("handshakes in progress per source address", int),
         "encrypt": Option("seal every frame after the handshake", bool),
@@ -704,8 +750,8 @@ def ketten_make_transport(name: str, options: Mapping[str, Any], node: Node) -> 
     if name != "tcp":
         return None
     known = {"listen", "advertise", "max_connections", "max_frame_size", "handshake_timeout",
-             "frame_timeout", "idle_timeout", "max_concurrent_requests", "max_per_source",
-             "max_handshakes_per_source", "encrypt"}
+             "frame_timeout", "idle_timeout", "max_concurrent_requests", "max_inflight_bytes",
+             "max_per_source", "max_handshakes_per_source", "encrypt"}
     unknown = set(options) - known
     if unknown:
         raise ConfigError(f"unknown tcp options: {', '.join(sorted(unknown))}")
@@ -732,6 +778,7 @@ def ketten_make_transport(name: str, options: Mapping[str, Any], node: Node) -> 
             frame_timeout=_option_seconds(options, "frame_timeout", 30.0),
             idle_timeout=_option_seconds(options, "idle_timeout", 300.0),
             max_concurrent_requests=_option_int(options, "max_concurrent_requests", 64, 1),
+            max_inflight_bytes=_option_int(options, "max_inflight_bytes", 64 << 20, 1024),
             max_per_source=_option_int(options, "max_per_source", 64, 1),
             max_handshakes_per_source=_option_int(options, "max_handshakes_per_source", 8, 1),
         )

@@ -14,8 +14,9 @@ from hostile import RawClient, raw_connect
 
 import ketten
 from ketten import Identity, NodeConfig, open_node
-from ketten.adapters._framing import Auth, FrameDecoder, Hello, Refuse
+from ketten.adapters._framing import Auth, FrameDecoder, Hello, Refuse, Reply, Request
 from ketten.adapters.tcp import parse_address
+from ketten.wire import encode_message
 
 PM = ketten.plugin_manager()
 
@@ -85,3 +86,95 @@ async def test_per_source_options_are_checked(option: str) -> None:
     with pytest.raises(ketten.ConfigError, match=f"{option}.* must be an integer >= 1"):
         async with node_at("127.0.0.1", **{option: 0}):
             pass
+
+
+async def _flood(client: RawClient, service: str, bodies: list[Any]) -> int:
+    """Send every body as a request at once; count the replies until all came."""
+    for req_id, body in enumerate(bodies, 1):
+        await client.send(Request(req_id, encode_message(service, body)))
+    replies = 0
+    while replies < len(bodies):
+        frame = await client.frame()
+        assert frame is not None, "the node closed a connection that did nothing wrong"
+        replies += isinstance(frame, Reply)
+    return replies
+
+
+def _gated(node: ketten.Node) -> tuple[dict[str, int], trio.Event]:
+    """A service that holds every request until the gate opens; counts what it holds."""
+    seen = {"now": 0, "peak": 0, "bytes": 0, "peak_bytes": 0}
+    gate = trio.Event()
+
+    async def held(peer: Any, body: Any) -> Any:
+        size = len(body) if isinstance(body, bytes) else 0
+        seen["now"] += 1
+        seen["bytes"] += size
+        seen["peak"] = max(seen["peak"], seen["now"])
+        seen["peak_bytes"] = max(seen["peak_bytes"], seen["bytes"])
+        try:
+            await gate.wait()
+        finally:
+            seen["now"] -= 1
+            seen["bytes"] -= size
+        return len(body) if isinstance(body, bytes) else body
+
+    node.register_service("held", held)
+    return seen, gate
+
+
+async def test_one_peer_over_many_connections_gets_one_share_of_request_slots() -> None:
+    """``max_concurrent_requests`` bounds one peer's requests in flight over all its
+    connections; the rest wait (their connections are not read), and others are served."""
+    async with node_at("127.0.0.1", max_concurrent_requests=8) as node:
+        seen, gate = _gated(node)
+        flooder = Identity.generate()
+        clients = []
+        for _ in range(3):
+            client, answer = await raw_connect(node.address, identity=flooder)
+            assert isinstance(answer, Auth)
+            clients.append(client)
+        counts: list[int] = []
+        async with trio.open_nursery() as nursery:
+            for client in clients:
+                nursery.start_soon(_flood_into, client, counts)
+            with trio.fail_after(10):
+                while seen["now"] < 8:
+                    await trio.sleep(0.01)
+            await trio.sleep(0.3)
+            assert seen["now"] == 8, "one peer's requests beyond its share ran"
+            async with node_at("127.0.0.6") as honest:  # another peer: its own share
+                with trio.fail_after(10):
+                    assert await honest.call(node.address, "echo", "served") == "served"
+            gate.set()
+        assert seen["peak"] == 8 and sum(counts) == 3 * 20
+        for client in clients:
+            await trio.aclose_forcefully(client.stream)
+
+
+async def _flood_into(client: RawClient, counts: list[int]) -> None:
+    counts.append(await _flood(client, "held", list(range(20))))
+
+
+async def test_requests_in_flight_are_bounded_in_bytes_over_all_peers() -> None:
+    async with node_at("127.0.0.1", max_inflight_bytes=64 * 1024) as node:
+        seen, gate = _gated(node)
+        counts: list[int] = []
+        async with trio.open_nursery() as nursery:
+            for _ in range(5):
+                client, answer = await raw_connect(node.address, identity=Identity.generate())
+                assert isinstance(answer, Auth)
+                nursery.start_soon(_flood_bytes, client, counts)
+            with trio.fail_after(10):
+                while seen["now"] < 3:
+                    await trio.sleep(0.01)
+            await trio.sleep(0.3)
+            # Each request is 20 KB: three fit in 64 KiB, a fourth waits.
+            assert seen["now"] == 3 and seen["bytes"] <= 64 * 1024
+            gate.set()
+        assert seen["peak_bytes"] <= 64 * 1024
+        assert sum(counts) == 5 * 4
+
+
+async def _flood_bytes(client: RawClient, counts: list[int]) -> None:
+    counts.append(await _flood(client, "held", [bytes(20_000)] * 4))
+    await trio.aclose_forcefully(client.stream)
