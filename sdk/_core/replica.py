@@ -442,9 +442,13 @@ class Replica:
         if pre:
             idle = force or not self.leader_active(now)
             granted = term > st.term and up_to_date and idle
+            # Stand for a lagging candidate only if it is one of our own voters: one known
+            # only through a configuration it proposes (a stale joint one, say) would
+            # otherwise depose every leader in turn, as each waits to teach it.
             return VoteAnswer(granted, st.term,
                               stand=not up_to_date and idle and self.role is not Role.LEADER
-                              and config is not None and config.is_voter(self.own))
+                              and config is not None and config.is_voter(self.own)
+                              and config.is_voter(sender))
         if term < st.term:
             return VoteAnswer(False, st.term)
         if not force and term > st.term and self.leader_active(now) and self.role is not Role.LEADER:
