@@ -639,8 +639,7 @@ class TcpTransport:
                 match frame:
                     case Request():
                         self._counts["requests_received"] += 1
-                        await limiter.acquire()
-                        await self._budget.acquire(len(frame.data))
+                        await self._admit(limiter, len(frame.data))
                         nursery.start_soon(self._answer, conn, frame, handler, limiter)
                     case ReplyFrame(req_id, data):
                         conn.settle(req_id, Reply(conn.peer, data))
@@ -648,8 +647,7 @@ class TcpTransport:
                         conn.settle(req_id, RemoteError(code, message))
                     case Message(data):
                         self._counts["messages_received"] += 1
-                        await limiter.acquire()
-                        await self._budget.acquire(len(data))
+                        await self._admit(limiter, len(data))
                         nursery.start_soon(self._take_message, conn.peer, data, handler, limiter)
                     case Hello() | Auth() | Refuse():
                         _unexpected(frame)
@@ -672,6 +670,15 @@ class TcpTransport:
         except Exception as exc:
             self._bug(f"reading from {conn.peer.address}", exc)
             return f"internal error: {type(exc).__name__}"
+
+    async def _admit(self, limiter: trio.Semaphore, size: int) -> None:
+        """Wait for a slot of the peer's share and for ``size`` bytes of the budget."""
+        await limiter.acquire()
+        try:
+            await self._budget.acquire(size)
+        except BaseException:
+            limiter.release()  # shared by the peer's other connections: never leak it
+            raise
 
     def _bug(self, what: str, exc: Exception) -> None:
         self._counts["internal_errors"] += 1
