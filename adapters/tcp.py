@@ -225,10 +225,6 @@ class _ByteBudget:
         self._used -= size
         self._lot.unpark_all()
 
-    @property
-    def used(self) -> int:
-        return self._used
-
 
 @attrs.define(eq=False)
 class TcpTransport:
