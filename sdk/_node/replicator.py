@@ -16,7 +16,6 @@ store, carries their messages and writes what they decide.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import logging
 import random
 from collections import OrderedDict
@@ -48,7 +47,6 @@ from .._core.messages import (
     VoteResult,
 )
 from .._core.outbox import Outbox
-from .._core.pacing import DigestPacing
 from .._core.reconfig import Change, Reconfiguration
 from .._core.replica import (
     AckStatus,
@@ -57,6 +55,7 @@ from .._core.replica import (
     Replica,
     Role,
 )
+from .._core.sync import Digests
 from .._core.watch import MoveWatch
 from ..errors import (
     ConfigError,
@@ -79,7 +78,6 @@ _MAX_LOADED = 1 << 16
 _KNOWN_CURSOR = "ketten/known"
 _LOST_CURSOR = "ketten/yielded"
 """Chains this node gave up (criterion and genesis, 64 bytes each): it refuses them."""
-_BUCKETS = 16
 _FULL_ROUNDS = 8
 """Every this many background rounds look at every chain, changed or not."""
 
@@ -255,7 +253,6 @@ class Replicator:
     """The chains of :attr:`_members` in key order (``None``: one was added since)."""
     _shared_cache: dict[bytes, list[bytes]] | None = attrs.field(default=None, init=False)
     """Per peer, the chains shared with it (see :meth:`_shared`); ``None`` after a change."""
-    _entry_hashes: dict[bytes, tuple[int, int, int]] = attrs.field(factory=dict, init=False)
     _activity: int = attrs.field(default=0, init=False)
     """Bumped by every change a background round looks at (see :meth:`maintain`)."""
     _round_seen: tuple[int | None, int] | None = attrs.field(default=None, init=False)
@@ -263,10 +260,8 @@ class Replicator:
     _rounds: int = attrs.field(default=0, init=False)
     _unsettled: set[bytes] = attrs.field(factory=set, init=False)
     """Chains the last full round found unsettled: a move watched or under way."""
-    _bucket_cache: dict[bytes, tuple[int, list[bytes], tuple[bytes, ...]]] = attrs.field(
-        factory=dict, init=False)
-    _pacing: DigestPacing = attrs.field(factory=DigestPacing, init=False)
-    """Per peer: the digest buckets of the chains shared with it, as of :attr:`_activity`."""
+    _sync: Digests = attrs.field(factory=Digests, init=False)
+    """Anti-entropy: which peers are due, and the digest buckets shared with each."""
     _watch_moves: MoveWatch = attrs.field(init=False)
     _committed: list[Callable[[bytes, Pos], None]] = attrs.field(factory=list, init=False)
     _learner_members: dict[bytes, Member] = attrs.field(factory=dict, init=False)
@@ -1537,111 +1532,73 @@ class Replicator:
         return criterion, replica.state.epoch, -1 if commit is None else commit[0]
 
     async def _peer_buckets(self, key: bytes, chains: list[bytes]) -> tuple[bytes, ...]:
-        """The digest buckets of ``chains`` (those shared with peer ``key``), worked out
-        again only after something changed here."""
-        cached = self._bucket_cache.get(key)
-        if cached is not None and cached[0] == self._activity and cached[1] is chains:
-            return cached[2]
-        for criterion in chains:
-            await self.replica(criterion)
-        activity = self._activity
-        buckets = self._buckets(chains)
-        if len(self._bucket_cache) > 4 * len(self._shared()) + 64:
-            self._bucket_cache.clear()
-        self._bucket_cache[key] = (activity, chains, buckets)
-        return buckets
+        """The digest buckets of ``chains`` (those shared with peer ``key``)."""
+        if not self._sync.fresh(key, chains, self._activity):
+            for criterion in chains:
+                await self.replica(criterion)
+        return self._sync.buckets_for(key, chains, self._activity, self._entry,
+                                      peers=len(self._shared()), held=len(self._members))
 
-    def _buckets(self, chains: list[bytes]) -> tuple[bytes, ...]:
-        acc = [0] * _BUCKETS
-        hashed = self._entry_hashes
-        if len(hashed) > 2 * len(self._members) + 1024:
-            hashed.clear()
-        for criterion in chains:
-            _, epoch, commit = self._entry(criterion)
-            known = hashed.get(criterion)
-            if known is None or known[0] != epoch or known[1] != commit:
-                digest = hashlib.sha256(criterion + epoch.to_bytes(8, "big")
-                                        + (commit + 1).to_bytes(8, "big")).digest()
-                known = hashed[criterion] = (epoch, commit, int.from_bytes(digest[:16], "big"))
-            acc[criterion[0] >> 4] ^= known[2]
-        return tuple(a.to_bytes(16, "big") for a in acc)
+    def _elsewhere(self, criterion: bytes) -> tuple[bytes, int, int] | None:
+        """Where this node stands on a chain a peer believes they share."""
+        if criterion in self._members:
+            return self._entry(criterion)
+        if criterion in self._lost:
+            return criterion, 0, -1  # given up (epoch 0: none of ours); a Locate tells more
+        return None
 
     async def _serve_digest(self, peer: Peer, request: Digest) -> DigestReply:
         shared = self._shared().get(peer.public_key, [])
-        if request.wanted:
-            wanted = set(request.wanted)
-            entries = [self._entry(c) for c in shared if c[0] >> 4 in wanted]
-            theirs = {c: (e, k) for c, e, k in request.entries}
-            # Chains it believes it shares with us but we do not (it was left out of a
-            # newer configuration, or holds a rival chain): tell it where we stand.
-            mine = set(shared)
-            for c in list(theirs)[:_BUCKETS * 64]:
-                if c in mine:
-                    continue
-                if c in self._members:
-                    entries.append(self._entry(c))
-                elif c in self._lost:
-                    # We gave that chain up (epoch 0: none of ours); a Locate tells it more.
-                    entries.append((c, 0, -1))
-            await self._pull_ahead(peer, [(c, *theirs[c]) for c in theirs if c in mine])
-            return DigestReply((), tuple(entries))
-        return DigestReply(await self._peer_buckets(peer.public_key, shared))
+        if not request.wanted:
+            return DigestReply(await self._peer_buckets(peer.public_key, shared))
+        reply, behind = self._sync.answer_listing(request, shared, self._entry, self._elsewhere)
+        await self._pull_ahead(peer, behind)
+        return reply
 
     async def _digests(self) -> None:
         shared = self._shared()
         if not shared or self._nursery is None:
             return
-        pacing = self._pacing
-        if len(pacing) > len(shared):
-            pacing.keep_only(shared)
         async with trio.open_nursery() as nursery:
-            for key in sorted(shared):
-                if pacing.due(key, self._rounds, self._activity):
-                    nursery.start_soon(guarded, self._digest_with, key, shared[key])
+            for key in self._sync.due(shared, self._rounds, self._activity):
+                nursery.start_soon(guarded, self._digest_with, key, shared[key])
+
+    async def _peer_member(self, key: bytes, chains: list[bytes]) -> Member | None:
+        """Peer ``key`` with the address a configuration of one of ``chains`` gives it."""
+        for criterion in chains:
+            replica = self._replicas.get(criterion)
+            config = None if replica is None else replica.config
+            address = None if config is None else config.address_of(key)
+            if address is not None:
+                return Member(key, address)
+        state = await self.chains.state(chains[0])
+        address = state.config.address_of(key) if state and state.config else None
+        return None if address is None else Member(key, address)
 
     async def _digest_with(self, key: bytes, chains: list[bytes]) -> None:
         round_, activity = self._rounds, self._activity
-        member = None
-        for criterion in chains:
-            replica = self._replicas.get(criterion)
-            if replica is not None and replica.config is not None:
-                address = replica.config.address_of(key)
-                if address is not None:
-                    member = Member(key, address)
-                    break
+        member = await self._peer_member(key, chains)
         if member is None:
-            state = await self.chains.state(chains[0])
-            address = state.config.address_of(key) if state and state.config else None
-            if address is None:
-                return
-            member = Member(key, address)
-        mine = await self._peer_buckets(key, chains)
+            return
+        sync = self._sync.start(key, chains, await self._peer_buckets(key, chains),
+                                round_, activity)
         self._counts["digests_sent"] += 1
-        timeout = self.options.request_timeout
         address = self.sets.address(member)
         try:
-            peer, reply = await self.rpc.call(address, Digest(mine), timeout=timeout,
+            peer, reply = await self.rpc.call(address, sync.request(),
+                                              timeout=self.options.request_timeout,
                                               retransmit=True, expect=key)
+            listing = sync.on_buckets(peer.public_key, reply, self._entry)
+            if listing is None:
+                return
+            _, listed = await self.rpc.call(address, listing,
+                                            timeout=self.options.request_timeout,
+                                            retransmit=True)
         except KettenError:
             self._counts["peer_failures"] += 1
-            self._pacing.out_of_step(key)
+            sync.failed()
             return
-        if peer.public_key != key or len(reply.buckets) != _BUCKETS:
-            self._pacing.out_of_step(key)
-            return
-        differing = tuple(i for i in range(_BUCKETS) if reply.buckets[i] != mine[i])
-        if not differing:
-            self._pacing.in_step(key, round_, activity)
-            return
-        self._pacing.out_of_step(key)
-        entries = tuple(self._entry(c) for c in chains if c[0] >> 4 in set(differing))
-        try:
-            _, listed = await self.rpc.call(address, Digest((), differing, entries),
-                                            timeout=timeout, retransmit=True)
-        except KettenError:
-            self._counts["peer_failures"] += 1
-            return
-        await self._pull_ahead(peer, list(listed.entries))
+        await self._pull_ahead(peer, sync.on_listed(listed))
 
     async def _pull_ahead(self, peer: Peer, entries: list[tuple[bytes, int, int]]) -> None:
         """Copy committed events from ``peer`` for every listed chain where it is ahead."""
