@@ -8,12 +8,13 @@ same on both sides exactly when (but for hash collisions) their entries in
 it are. A round with one peer:
 
 1. send the 16 bucket digests (:meth:`SyncRound.request`);
-2. the peer answers with its own (:meth:`Digests.answer`); if all match, the
-   two are in step and the peer is asked less often (:class:`DigestPacing`);
+2. the peer answers with its own (:meth:`Digests.buckets_for`); if all
+   match, the two are in step and the peer is asked less often
+   (:class:`DigestPacing`);
 3. otherwise list the entries of the differing buckets
    (:meth:`SyncRound.on_buckets`); the peer answers with its entries of them
-   (and pulls what it is behind in), and this side pulls the chains where
-   the peer is ahead (:meth:`SyncRound.on_listed`).
+   and pulls what it is behind in (:meth:`Digests.answer_listing`), and this
+   side pulls the chains where the peer is ahead.
 
 Bucket digests are kept per peer until something changes on this node (the
 caller's *activity* count), and the hash of each entry until the entry
@@ -81,12 +82,6 @@ class SyncRound:
         return Digest((), differing,
                       tuple(entry(c) for c in self.chains if bucket_of(c) in wanted))
 
-    @staticmethod
-    def on_listed(reply: DigestReply) -> list[Entry]:
-        """The peer's entries of the differing buckets: the chains to compare with
-        (pull those where it is ahead)."""
-        return list(reply.entries)
-
 
 @attrs.define(eq=False)
 class Digests:
@@ -120,9 +115,8 @@ class Digests:
         again only when ``activity`` or ``chains`` changed. ``peers`` and ``held``: how
         many peers share chains with this node and how many chains it holds (they
         bound the caches)."""
-        cached = self._cache.get(key)
-        if cached is not None and cached[0] == activity and cached[1] is chains:
-            return cached[2]
+        if self.fresh(key, chains, activity):
+            return self._cache[key][2]
         if len(self._hashes) > 2 * held + 1024:
             self._hashes.clear()
         buckets = self.buckets(entry(c) for c in chains)

@@ -1598,7 +1598,7 @@ class Replicator:
             self._counts["peer_failures"] += 1
             sync.failed()
             return
-        await self._pull_ahead(peer, sync.on_listed(listed))
+        await self._pull_ahead(peer, list(listed.entries))
 
     async def _pull_ahead(self, peer: Peer, entries: list[tuple[bytes, int, int]]) -> None:
         """Copy committed events from ``peer`` for every listed chain where it is ahead."""
