@@ -120,7 +120,7 @@ def drive(attempt: PublishAttempt, now: float = 0.0) -> tuple[Step, object]:
 def test_a_publish_finds_a_route_builds_and_sends_to_the_leader() -> None:
     attempt = PublishAttempt(KEY, 10.0, random.Random(1))
     assert attempt.next(0.0).step is Step.ROUTE
-    attempt.routed(route())
+    attempt.routed(route(), 0.0)
     build = attempt.next(0.0)
     assert build.step is Step.BUILD and build.seq == 0 and build.prev is None
     attempt.built(chain(b"a")[0])
@@ -132,7 +132,7 @@ def test_a_publish_finds_a_route_builds_and_sends_to_the_leader() -> None:
 def test_a_stale_answer_rebuilds_on_the_head_and_names_earlier_attempts() -> None:
     events = chain(b"a", b"b")
     attempt = PublishAttempt(KEY, 10.0, random.Random(1))
-    attempt.routed(route())
+    attempt.routed(route(), 0.0)
     attempt.built(events[0])
     target = attempt.next(0.0).target
     assert target is not None
@@ -149,7 +149,7 @@ def test_a_stale_answer_rebuilds_on_the_head_and_names_earlier_attempts() -> Non
 
 def test_a_silent_leader_makes_the_publisher_urge_another_member() -> None:
     attempt = PublishAttempt(KEY, 10.0, random.Random(2))
-    attempt.routed(route())
+    attempt.routed(route(), 0.0)
     attempt.built(chain(b"a")[0])
     first = attempt.next(0.0)
     assert first.target is not None and first.target.key == KEYS[0]
@@ -164,12 +164,12 @@ def test_a_silent_leader_makes_the_publisher_urge_another_member() -> None:
 
 def test_the_outcome_at_the_deadline_says_whether_anything_may_be_stored() -> None:
     quiet = PublishAttempt(KEY, 5.0, random.Random(3))
-    quiet.routed(None, error="nobody near the key answered")
+    quiet.routed(None, 0.0, error="nobody near the key answered")
     action = quiet.next(6.0)
     assert action.step is Step.FAIL and action.error == "quorum"
     assert "nobody" in action.message
     unknown = PublishAttempt(KEY, 5.0, random.Random(3))
-    unknown.routed(route())
+    unknown.routed(route(), 0.0)
     unknown.built(chain(b"a")[0])
     busy = OfferAnswer(Answer.BUSY, stored=True, message="not committed in time")
     send = unknown.next(0.0)
@@ -178,10 +178,35 @@ def test_the_outcome_at_the_deadline_says_whether_anything_may_be_stored() -> No
     assert unknown.next(6.0).error == "unknown"
 
 
+def test_a_publish_that_cannot_find_the_brokers_asks_again_after_a_growing_backoff() -> None:
+    attempt = PublishAttempt(KEY, 130.0, random.Random(6))
+    now = 100.0  # long after the clock's zero: the backoff counts from now
+    routes: list[float] = []
+    while True:
+        action = attempt.next(now)
+        if action.step is Step.WAIT:
+            assert action.until > now
+            now = action.until
+            continue
+        if action.step is Step.BUILD:
+            attempt.built(chain(b"a")[0])
+            continue
+        if action.step is not Step.ROUTE:
+            break
+        routes.append(now)
+        attempt.routed(None, now, error="2 of 6 nodes answered")
+        now += 0.001  # a survey of unreachable nodes ends quickly
+    assert action.step is Step.FAIL and action.error == "quorum"
+    assert "2 of 6" in action.message
+    # Up to 0.5 s apart once the backoff has grown, 0.25 s on average: not a tight loop.
+    assert 30 <= len(routes) <= 300, len(routes)
+    assert routes[-1] - routes[-11] >= 1.0
+
+
 def test_invalid_and_reused_answers_end_the_call() -> None:
     for kind, error in ((Answer.INVALID, "invalid"), (Answer.REUSED, "reused")):
         attempt = PublishAttempt(KEY, 5.0, random.Random(4))
-        attempt.routed(route())
+        attempt.routed(route(), 0.0)
         event = chain(b"a")[0]
         attempt.built(event)
         send = attempt.next(0.0)
@@ -193,7 +218,7 @@ def test_invalid_and_reused_answers_end_the_call() -> None:
 
 def test_a_redirect_follows_the_route_and_a_creation_goes_to_the_first_member() -> None:
     attempt = PublishAttempt(KEY, 5.0, random.Random(5))
-    attempt.routed(None, create=MEMBERS[3:6])
+    attempt.routed(None, 0.0, create=MEMBERS[3:6])
     attempt.built(chain(b"a")[0])
     create = attempt.next(0.0)
     assert create.target is not None and create.target.key == KEYS[3]

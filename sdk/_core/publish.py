@@ -179,9 +179,10 @@ class PublishAttempt:
 
     # -- inputs --------------------------------------------------------------
 
-    def routed(self, route: Route | None, *, create: Sequence[Member] | None = None,
-               error: str = "") -> None:
-        """The route the driver found; or, for a chain nobody holds, whom to create it on."""
+    def routed(self, route: Route | None, now: float, *,
+               create: Sequence[Member] | None = None, error: str = "") -> None:
+        """The route the driver found at ``now``; or, for a chain nobody holds, whom to
+        create it on; or neither (``error`` says why): ask again after a backoff."""
         self._need_route = False
         self._refresh = False
         if route is not None:
@@ -193,7 +194,7 @@ class PublishAttempt:
             self.create = tuple(create)
         else:
             self._last_error = error or "no broker of the chain could be found"
-            self._retry_later(0.0)
+            self._retry_later(now)
 
     def built(self, event: Event) -> None:
         self.event = event

@@ -146,15 +146,16 @@ class Publisher:
                         try:
                             found = await self.sets.route(criterion, refresh=action.refresh)
                         except KettenError as exc:
-                            attempt.routed(None, error=str(exc))
+                            attempt.routed(None, trio.current_time(), error=str(exc))
                             continue
                     if found is None:
-                        attempt.routed(None, error="the chain's brokers could not be found in time")
+                        attempt.routed(None, trio.current_time(),
+                                       error="the chain's brokers could not be found in time")
                         continue
                     if isinstance(found, Creation):
-                        attempt.routed(None, create=found.members)
+                        attempt.routed(None, trio.current_time(), create=found.members)
                     else:
-                        attempt.routed(found)
+                        attempt.routed(found, trio.current_time())
                 elif step is Step.BUILD:
                     if writers is not None and action.seq != 0:
                         raise UsageError(
