@@ -27,7 +27,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ketten import Event, Identity, criterion_key
+from ketten._core.election import Election, Outcome, Phase
 from ketten._core.membership import ChainConfig, ChainState, Member
+from ketten._core.messages import VoteResult
 from ketten._core.replica import AckStatus, AppendPlan, Replica, Role
 
 KEY = criterion_key("model")
@@ -48,6 +50,8 @@ class Harness:
     committed: dict[int, bytes] = attrs.field(factory=dict)
     payloads: int = 0
     violations: list[str] = attrs.field(factory=list)
+    elections: dict[int, Election] = attrs.field(factory=dict)
+    waiting: dict[int, set[int]] = attrs.field(factory=dict)
 
     @classmethod
     def build(cls, seed: int) -> Harness:
@@ -114,33 +118,32 @@ class Harness:
             self.persist(i)
 
     def campaign(self, i: int, pre: bool) -> None:
-        r = self.replicas[i]
-        if r.is_leader:
+        """Replica ``i`` stands, the way the replicator drives an :class:`Election`;
+        without a pre-vote it is forced, as in a hand-over."""
+        election = self.elections[i] = Election(KEY, force=not pre)
+        self.begin(i, election)
+
+    def begin(self, i: int, election: Election) -> None:
+        step = election.begin(self.replicas[i])
+        if isinstance(step, Outcome):
             return
-        begun = r.begin_election(pre=pre)
-        if begun is None:
-            return
-        term, members = begun
-        if not pre:
+        if step.persist is not None:
             self.persist(i)
-        for member in members:
-            j = self.index(member.key)
-            self.pool.append(("vote", i, j, term, pre, r.rank(), r.config))
-        self.check_elected(i, term, pre)
+        self.waiting[i] = {self.index(member.key) for member in step.members}
+        for j in self.waiting[i]:
+            self.pool.append(("vote", i, j, step.item))
+        if not step.members:
+            self.decide(i, election)
 
-    def check_elected(self, i: int, term: int, pre: bool) -> None:
-        r = self.replicas[i]
-        if not r.elected():
-            return
-        if pre:
-            self.campaign(i, pre=False)
-            return
-        if r.term == term and r.role is Role.CANDIDATE:
-            self.become_leader(i)
+    def decide(self, i: int, election: Election) -> None:
+        outcome = election.decide(self.replicas[i], self.now)
+        if outcome is None:
+            self.begin(i, election)
+        elif outcome.persist is not None:
+            self.became_leader(i)
 
-    def become_leader(self, i: int) -> None:
+    def became_leader(self, i: int) -> None:
         r = self.replicas[i]
-        r.become_leader(self.now)
         self.persist(i)
         term = r.term
         if self.leaders.setdefault(term, i) != i:
@@ -184,6 +187,7 @@ class Harness:
         self.persist(i)
 
     def restart(self, i: int) -> None:
+        self.elections.pop(i, None)
         old = self.replicas[i]
         self.replicas[i] = Replica(KEY, old.own, self.disks[i], self.head(i),
                                    election_timeout=3.0)
@@ -192,18 +196,27 @@ class Harness:
         message = self.pool[index] if duplicate else self.pool.pop(index)
         kind = message[0]
         if kind == "vote":
-            _, i, j, term, pre, rank, proposed = message
-            answer = self.replicas[j].on_vote(KEYS[i], term, pre, rank, self.now,
-                                              proposed=proposed)
+            _, i, j, item = message
+            answer = self.replicas[j].on_vote(KEYS[i], item.term, item.pre, item.rank,
+                                              self.now, force=item.force,
+                                              proposed=item.proposed)
             if answer.state is not None:
                 self.persist(j)
-            self.pool.append(("voted", j, i, term, pre, answer.granted, answer.term))
+            self.pool.append(("voted", j, i, item,
+                              VoteResult(KEY, answer.granted, answer.term)))
         elif kind == "voted":
-            _, j, i, term, pre, granted, their_term = message
-            r = self.replicas[i]
-            if r.on_vote_answer(KEYS[j], granted, their_term, asked=term, pre=pre) is not None:
+            _, j, i, item, result = message
+            election = self.elections.get(i)
+            if election is None or election.phase is Phase.DONE:
+                return  # a late answer to a campaign that ended
+            if (item.term, item.pre) != (self.replicas[i].asked, self.replicas[i].pre):
+                return  # an answer to an earlier campaign's request
+            answered = election.on_reply(self.replicas[i], KEYS[j], [result])
+            if answered.persist is not None:
                 self.persist(i)
-            self.check_elected(i, term, pre)
+            self.waiting[i].discard(j)
+            if answered.settled or not self.waiting[i]:
+                self.decide(i, election)
         elif kind == "append":
             _, i, j, plan, prev, events = message
             follower = self.replicas[j]
@@ -259,7 +272,12 @@ class Harness:
             else:
                 self.deliver(index, duplicate=rng.random() < 0.05)
         elif roll < 0.65:
-            self.campaign(rng.randrange(n), pre=rng.random() < 0.7)
+            i = rng.randrange(n)
+            election = self.elections.get(i)
+            if election is not None and election.phase is not Phase.DONE and rng.random() < 0.3:
+                election.abandon(self.replicas[i])  # its time ran out
+            else:
+                self.campaign(i, pre=rng.random() < 0.7)
         elif roll < 0.8:
             self.propose(rng.randrange(n))
         elif roll < 0.93:

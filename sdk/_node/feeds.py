@@ -41,8 +41,9 @@ import trio
 from .._core.event import Event
 from .._core.feed import FeedState, Placement
 from .._core.identity import criterion_key
+from .._core.lease_rounds import Renewal, merge_batches
 from .._core.leases import MAX_TTL_MS, SID_SIZE, CursorState, Lease, LeaseTable
-from .._core.membership import Member, Pos, decode_pos, encode_pos
+from .._core.membership import Member, Pos, encode_pos
 from .._wire import field
 from ..errors import (
     ConfigError,
@@ -426,24 +427,19 @@ class Feeds:
             self._dirty = True
         if self._dirty:
             await self._flush()
-        own = self.own().key
-        per_peer: dict[bytes, tuple[Member, dict[bytes, list[Any]]]] = {}
+        lists: dict[bytes, list[Any]] = {}
+        brokers: dict[bytes, list[Member]] = {}
         for key in self._table.criteria():
             if not await self.is_broker(key):
                 continue
-            entries = [lease.encode() for lease in self._table.entries(key)]
             try:
-                members = await self.members(key)
+                brokers[key] = await self.members(key)
             except KettenError:
                 continue  # its brokers cannot be found now: next round
-            for member in members:
-                if member.key != own:
-                    per_peer.setdefault(member.key, (member, {}))[1][key] = entries
+            lists[key] = [lease.encode() for lease in self._table.entries(key)]
 
-        async def push(member: Member, lists: dict[bytes, list[Any]]) -> None:
-            keys = sorted(lists)
-            for start in range(0, len(keys), _MERGE_CHUNK):
-                chunk = {k: lists[k] for k in keys[start:start + _MERGE_CHUNK]}
+        async def push(member: Member, requests: list[dict[bytes, list[Any]]]) -> None:
+            for chunk in requests:
                 self._counts["merges_sent"] += 1
                 try:
                     await self.rpc.call_raw(self.address(member), _SERVICE,
@@ -453,8 +449,9 @@ class Feeds:
                     return
 
         async with trio.open_nursery() as nursery:
-            for peer_key in sorted(per_peer):
-                nursery.start_soon(push, *per_peer[peer_key])
+            for member, requests in merge_batches(lists, brokers, self.own().key,
+                                                  _MERGE_CHUNK):
+                nursery.start_soon(push, member, requests)
 
     async def _notifier(self) -> None:
         own = self.own().key
@@ -509,12 +506,13 @@ class Feed:
     _blocked: HoldbackFull | None = attrs.field(default=None, init=False)
     _asked: float = attrs.field(default=float("-inf"), init=False)
     """When this feed last asked every broker for commits before releasing events."""
-    _version: int = attrs.field(default=0, init=False)
+    _renewal: Renewal = attrs.field(init=False)
     _causal: bool = attrs.field(default=False, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._state = FeedState(self.keys, self.start, self.feeds.patience)
+        self._renewal = Renewal(self.sid, self.keys, self.feeds.ttl, self.feeds.check)
         self._send, self._recv = trio.open_memory_channel[_Note](_INBOX)
         self._causal = callable(getattr(self.delivery, "note_head", None)) and len(self.keys) > 1
         self._counts = dict.fromkeys(
@@ -568,56 +566,40 @@ class Feed:
         Returns whether every criterion's brokers were found."""
         feeds = self.feeds
         own = feeds.own()
-        self._version = max(feeds.now_ms(), self._version + 1)
-        ttl = int(feeds.ttl * 1000)
-        per_peer: dict[bytes, tuple[Member, list[bytes]]] = {}
-        local: list[bytes] = []
-        placed = True
+        brokers: dict[bytes, list[Member] | None] = {}
         for key in self.keys:
             try:
-                members = await feeds.members(key)
+                brokers[key] = await feeds.members(key)
             except KettenError:
-                placed = False
-                continue
-            if not members:
-                placed = False
-            for member in members:
-                if member.key == own.key:
-                    local.append(key)
-                else:
-                    per_peer.setdefault(member.key, (member, []))[1].append(key)
+                brokers[key] = None
+        plan = self._renewal.plan(own.key, feeds.now_ms(), brokers, live=live)
         self._counts["head_checks"] += 1
-        if local:
-            lease = Lease(self.sid, own.key, own.address, self._version,
-                          feeds.now_ms() + ttl, live)
-            await feeds.put_leases([(key, lease) for key in local])
-            for key in local:
+        if plan.local:
+            lease = plan.local_lease(own, feeds.now_ms())
+            await feeds.put_leases([(key, lease) for key in plan.local])
+            for key in plan.local:
                 self.push(_Note(key, own.key, commit=feeds.local_commit(key), round=round_))
-        body = {"op": "lease", "s": self.sid, "v": self._version, "t": ttl, "live": live}
 
-        async def one(member: Member, keys: list[bytes]) -> None:
+        async def one(member: Member, keys: tuple[bytes, ...]) -> None:
             try:
                 # A lease (or its drop) is versioned: a second copy changes nothing.
                 peer, reply = await feeds.rpc.call_raw(feeds.address(member), _SERVICE,
-                                                       {**body, "c": keys}, retransmit=True,
+                                                       plan.request(keys), retransmit=True,
                                                        expect=member.key)
-                commits = field(reply, "h", list, where="lease reply")
-                if len(commits) != len(keys):
-                    raise DecodeError("one commit per criterion expected", where="lease reply")
-                pairs = [decode_pos(h, where="lease reply") for h in commits]
+                commits = plan.commits(keys, reply)
             except KettenError:
                 return
-            for key, pair in zip(keys, pairs, strict=True):
-                self.push(_Note(key, peer.public_key, commit=pair, round=round_))
+            for key, commit in zip(keys, commits, strict=True):
+                self.push(_Note(key, peer.public_key, commit=commit, round=round_))
 
         async with trio.open_nursery() as nursery:
-            for peer_key in sorted(per_peer):
-                nursery.start_soon(one, *per_peer[peer_key])
-        return placed
+            for member, keys in plan.remote:
+                nursery.start_soon(one, member, keys)
+        return plan.placed
 
     async def maintain(self, *, task_status: trio.TaskStatus[trio.CancelScope]
                        = trio.TASK_STATUS_IGNORED) -> None:
-        """Renew the leases every ``check`` seconds (jittered) until cancelled."""
+        """Renew the lease every ``check`` seconds (jittered) until cancelled."""
         rng = self.feeds.rng
         with trio.CancelScope() as scope:
             task_status.started(scope)
@@ -628,9 +610,7 @@ class Feed:
                         placed = await self.renew()
                     except KettenError:
                         placed = False  # brokers unreachable or a store error: try again soon
-                # Brokers not found yet: look again soon rather than a period later.
-                period = self.feeds.check if placed else min(self.feeds.check, 1.0)
-                await trio.sleep(period * (0.75 + 0.5 * rng.random()))
+                await trio.sleep(self._renewal.next_in(placed, rng.random()))
 
     # -- the pump ----------------------------------------------------------
 

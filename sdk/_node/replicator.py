@@ -26,6 +26,7 @@ import attrs
 import trio
 
 from .._core.chain import genesis_wins, make_locator
+from .._core.election import Ask, Election, Outcome
 from .._core.event import Event
 from .._core.identity import node_id_of
 from .._core.membership import ChainConfig, ChainState, Member, Pos
@@ -872,94 +873,67 @@ class Replicator:
 
     async def _run_campaign(self, criterion: bytes, force: bool, proposed: ChainConfig | None,
                             done: trio.Event) -> None:
-        won = False
+        election = Election(criterion, force=force, proposed=proposed)
         try:
             with trio.move_on_after(self.options.request_timeout * 2):
-                won = await self._campaign(criterion, force, proposed)
+                await self._campaign(election, create=proposed is not None)
         except KettenError as exc:
             _log.debug("campaign for %s failed: %s", criterion.hex()[:16], exc)
         finally:
             del self._campaigns[criterion]
             done.set()
             replica = self._replicas.get(criterion)
-            if replica is not None and not replica.is_leader:
-                replica.voting = False
-                if replica.role is Role.CANDIDATE:
-                    replica.role = Role.FOLLOWER
+            won = election.outcome is not None and election.outcome.won
+            if replica is not None:
+                won = election.abandon(replica).won
         self._counts["elections_won" if won else "elections_lost"] += 1
 
-    async def _campaign(self, criterion: bytes, force: bool,
-                        proposed: ChainConfig | None) -> bool:
-        if not force:
+    async def _campaign(self, election: Election, *, create: bool) -> None:
+        criterion = election.criterion
+        while True:
             async with self.chains.lock(criterion):
-                replica = await self.replica(criterion, create=proposed is not None)
+                replica = await self.replica(criterion, create=create)
                 if replica is None:
-                    return False
-                if replica.is_leader:
-                    return True
-                fresh = replica.state == ChainState()
-                if proposed is not None and replica.config is None:
-                    replica.state = attrs.evolve(replica.state, configs=(proposed,))
-                begun = replica.begin_election(pre=True)
-                if begun is None:
-                    self._unload_if_fresh(criterion, replica, fresh)
-                    return False
-                term, members = begun
-                rank = replica.rank()
-            await self._ask(replica, members, VoteItem(criterion, term, True, rank,
-                                                       replica.config, False,
-                                                       await self.genesis(criterion)))
+                    return
+                step = election.begin(replica)
+                if isinstance(step, Outcome):
+                    await self._end_campaign(replica, step)
+                    return
+                if step.persist is not None:
+                    await self._save(replica)
+            await self._ask(replica, election, step)
             async with self.chains.lock(criterion):
-                if not replica.elected():
-                    replica.voting = False
-                    self._unload_if_fresh(criterion, replica, fresh)
-                    return False
-        async with self.chains.lock(criterion):
-            replica = await self.replica(criterion, create=proposed is not None)
-            if replica is None:
-                return False
-            if replica.is_leader:
-                return True
-            if proposed is not None and replica.config is None:
-                replica.state = attrs.evolve(replica.state, configs=(proposed,))
-            begun = replica.begin_election(pre=False)
-            if begun is None:
-                return False
-            term, members = begun
-            rank = replica.rank()
-            await self._save(replica)
-        await self._ask(replica, members, VoteItem(criterion, term, False, rank,
-                                                   replica.config, force,
-                                                   await self.genesis(criterion)))
-        async with self.chains.lock(criterion):
-            if (replica.elected() and replica.term == term
-                    and replica.role is Role.CANDIDATE):
-                replica.become_leader(self._now())
-                await self._save(replica)
-                self._reconfigs.pop(criterion, None)
+                outcome = election.decide(replica, self._now())
+                if outcome is None:
+                    continue
+                await self._end_campaign(replica, outcome)
+            if outcome.persist is not None:
                 _log.debug("%s leads %s in term %d (epochs %s, votes %s)", self.own().address,
-                           criterion.hex()[:16], term, [c.epoch for c in replica.state.configs],
+                           criterion.hex()[:16], replica.term,
+                           [c.epoch for c in replica.state.configs],
                            sorted(self.sets.address(Member(k, "?")) for k in replica.votes))
-            else:
-                replica.voting = False
-                if replica.role is Role.CANDIDATE:
-                    replica.role = Role.FOLLOWER
-                return False
-        self._signal(criterion)
-        self._mark(replica)
-        await self._advance(replica)
-        return True
+                self._signal(criterion)
+                self._mark(replica)
+                await self._advance(replica)
+            return
 
-    def _unload_if_fresh(self, criterion: bytes, replica: Replica, fresh: bool) -> None:
-        """Forget a replica made only for a creation that did not happen (nothing was stored)."""
-        if fresh and self._replicas.get(criterion) is replica and replica.head is None:
+    async def _end_campaign(self, replica: Replica, outcome: Outcome) -> None:
+        """Under the chain's lock: persist a new leader's state, or forget a replica
+        made only for a creation that did not happen (nothing was stored)."""
+        criterion = replica.criterion
+        if outcome.persist is not None:
+            await self._save(replica)
+            self._reconfigs.pop(criterion, None)
+        if outcome.forget and self._replicas.get(criterion) is replica and replica.head is None:
             del self._replicas[criterion]
             self._drop_members(criterion)
 
-    async def _ask(self, replica: Replica, members: list[Member], item: VoteItem) -> None:
-        """Ask ``members`` for votes; stop once the outcome is clear."""
+    async def _ask(self, replica: Replica, election: Election, ask: Ask) -> None:
+        """Send ``ask``; stop once the outcome is clear."""
+        if not ask.members:
+            return
+        item = attrs.evolve(ask.item, genesis=await self.genesis(election.criterion))
         timeout = self.options.request_timeout / 2
-        config = replica.config
         async with trio.open_nursery() as nursery:
 
             async def one(member: Member) -> None:
@@ -970,21 +944,14 @@ class Replicator:
                 except KettenError:
                     self._counts["peer_failures"] += 1
                     return
-                for result in reply.results:
-                    if result.criterion != item.criterion:
-                        continue
-                    persist = replica.on_vote_answer(member.key, result.granted, result.term,
-                                                     asked=item.term, pre=item.pre)
-                    if persist is not None:
-                        async with self.chains.lock(item.criterion):
-                            await self._save(replica)
-                        nursery.cancel_scope.cancel()
-                if replica.elected() or not replica.voting:
+                answered = election.on_reply(replica, member.key, reply.results)
+                if answered.persist is not None:
+                    async with self.chains.lock(item.criterion):
+                        await self._save(replica)
+                if answered.settled:
                     nursery.cancel_scope.cancel()
 
-            if config is not None and config.quorum(replica.votes):
-                return
-            for member in members:
+            for member in ask.members:
                 nursery.start_soon(one, member)
 
     async def create(self, criterion: bytes, members: tuple[Member, ...]) -> Replica | Route | None:
