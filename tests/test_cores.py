@@ -35,6 +35,7 @@ from ketten._core.messages import (
     Vote,
     VoteItem,
 )
+from ketten._core.pacing import Hedge
 from ketten._core.publish import PublishAttempt, Step, Verdict, backoff_delay, judge_offer
 from ketten._core.read import ReadAttempt, ReadStep
 from ketten._core.reconfig import Change, Reconfiguration
@@ -659,3 +660,33 @@ def test_rate_limit_charges_costs_and_refuses_whole() -> None:
     # A refusal takes nothing: the 400 left are still there.
     assert limit.allow(b"a", 0.0, 400) and limit.wait(b"a", 0.0, 250) == 2.5
     assert not limit.allow(b"a", 2.0, 250) and limit.allow(b"a", 2.5, 250)
+
+
+def test_hedged_requests_wait_longer_when_answers_come_slowly() -> None:
+    hedge = Hedge(floor=0.25, cap=1.25)
+    assert hedge.delay == 0.25 and hedge.smoothed is None
+    for _ in range(20):
+        hedge.observe(0.004)  # quick answers: the floor
+    assert hedge.delay == 0.25
+    for _ in range(3):
+        hedge.observe(0.2)  # slower answers: three times the smoothed time
+    assert hedge.smoothed is not None and 0.08 < hedge.smoothed < 0.2
+    assert hedge.delay == pytest.approx(3 * hedge.smoothed)
+    for _ in range(30):
+        hedge.observe(5.0)  # overloaded: never beyond the cap
+    assert hedge.delay == 1.25
+    for _ in range(60):
+        hedge.observe(0.001)  # it comes back down
+    assert hedge.delay == 0.25
+    hedge.observe(-1.0)  # a clock step backwards counts as an instant answer
+    assert hedge.smoothed is not None and hedge.smoothed >= 0
+
+
+@given(st.lists(st.floats(0, 100, allow_nan=False), max_size=50),
+       st.floats(0.01, 1), st.floats(0, 10))
+def test_a_hedge_stays_between_its_floor_and_cap(times: list[float], floor: float,
+                                                 cap: float) -> None:
+    hedge = Hedge(floor=floor, cap=cap)
+    for seconds in times:
+        hedge.observe(seconds)
+        assert floor <= hedge.delay <= max(cap, floor)

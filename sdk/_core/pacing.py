@@ -1,4 +1,5 @@
-"""How often a node exchanges digests with each peer, sans-IO.
+"""Pacing, sans-IO: how often a node exchanges digests with each peer, and how long
+it waits for one answer before it asks others too.
 
 Anti-entropy compares the chains two brokers share once per background
 round. While anything changes on this node it does so every round. Once an
@@ -14,7 +15,7 @@ from collections.abc import Collection
 
 import attrs
 
-__all__ = ["DigestPacing"]
+__all__ = ["DigestPacing", "Hedge"]
 
 
 @attrs.define(eq=False)
@@ -49,3 +50,39 @@ class DigestPacing:
 
     def __len__(self) -> int:
         return len(self._peers)
+
+
+@attrs.define(eq=False)
+class Hedge:
+    """When to send a hedged request: the delay after which a request that has not
+    been answered is sent to others as well.
+
+    The delay is ``floor`` while answers come quickly, and grows to ``factor``
+    times the smoothed answer time (up to ``cap``) when they come slowly: a
+    fixed delay below the answer time would send every request to everyone
+    exactly when the nodes are overloaded, adding load where there is none
+    to spare.
+    """
+
+    floor: float
+    cap: float
+    factor: float = 3.0
+    weight: float = 0.2
+    _smoothed: float | None = attrs.field(default=None, init=False)
+
+    def observe(self, seconds: float) -> None:
+        """An answer came ``seconds`` after its request was sent."""
+        seconds = max(0.0, seconds)
+        smoothed = self._smoothed
+        self._smoothed = seconds if smoothed is None else (
+            smoothed + self.weight * (seconds - smoothed))
+
+    @property
+    def smoothed(self) -> float | None:
+        return self._smoothed
+
+    @property
+    def delay(self) -> float:
+        if self._smoothed is None:
+            return self.floor
+        return min(max(self.floor, self.factor * self._smoothed), max(self.cap, self.floor))

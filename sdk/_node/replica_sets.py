@@ -26,6 +26,7 @@ from .._core.acquaintances import Acquaintances
 from .._core.handover import HandoverState
 from .._core.membership import ChainConfig, Member, majority
 from .._core.messages import MAX_BATCH, Handover, Locate, Route
+from .._core.pacing import Hedge
 from ..errors import KettenError, QuorumUnavailable
 from ..interfaces import Overlay, Peer
 from .coalesce import Coalescer
@@ -130,17 +131,21 @@ class ReplicaSets:
     _handover: HandoverState[Member] = attrs.field(factory=HandoverState, init=False)
     """Who handed this node the chains near it, whom to ask next (see :meth:`settle`)."""
     _want: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _hedge: Hedge = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._locates = Coalescer(self._send_locate, self.nursery, MAX_BATCH)
+        self._hedge = Hedge(floor=min(0.25, self.timeout / 8), cap=self.timeout / 4)
 
     async def _send_locate(self, member: Member, criteria: list[bytes]) -> list[Located]:
+        sent = self.now()
         try:
             _, reply = await self.rpc.call(self.address(member), Locate(tuple(criteria)),
                                            timeout=self.timeout / 2, retransmit=True,
                                            expect=member.key)
         except KettenError:
             return []
+        self._hedge.observe(self.now() - sent)
         if len(reply.routes) != len(criteria):
             return []
         held = reply.held or (False,) * len(criteria)
@@ -210,8 +215,9 @@ class ReplicaSets:
 
     @property
     def hedge(self) -> float:
-        """Seconds to wait for the nearest node's answer before asking the others too."""
-        return min(0.25, self.timeout / 8)
+        """Seconds to wait for the nearest node's answer before asking the others too:
+        a quarter second while answers come quickly, longer when they come slowly."""
+        return self._hedge.delay
 
     @property
     def lookups(self) -> int:
