@@ -520,6 +520,17 @@ class Replica:
                 self.progress[member.key] = Progress()
         return self._evolve(log_term=self.state.term)
 
+    def take_over(self, config: ChainConfig, term: int, now: float) -> ChainState:
+        """Operator recovery (see :mod:`ketten._core.recovery`): lead ``config`` at once,
+        in ``term``, without an election. Returns state to persist."""
+        self._evolve(term=term, voted_for=self.own, configs=(config,))
+        self.role = Role.CANDIDATE
+        self.votes = {self.own}
+        self.voting = True
+        self.asked = term
+        self.pre = False
+        return self.become_leader(now)
+
     # -- leader --------------------------------------------------------------
 
     def local_appended(self, head: Pos) -> None:

@@ -49,6 +49,7 @@ from .._core.messages import (
 )
 from .._core.outbox import Outbox
 from .._core.reconfig import Change, Reconfiguration
+from .._core.recovery import Recovery
 from .._core.replica import (
     AckStatus,
     AppendAckData,
@@ -1049,72 +1050,53 @@ class Replicator:
             raise UsageError(f"this node holds no replica of chain {criterion.hex()[:16]}")
         own = self.own()
         config = replica.config
-        survivors: dict[bytes, Member] = {own.key: own}
-        best_term = replica.term
-        best_head = replica.head
-        longer: tuple[Member, int] | None = None
-        for member in config.members():
-            if member.key == own.key:
-                continue
+        recovery = Recovery(own, config, replica.term)
+        timeout = self.options.request_timeout
+        for member in recovery.members_to_ask():
+            address = self.sets.address(member)
             try:
-                peer, reply = await self.rpc.call(self.sets.address(member),
-                                                  Locate((criterion,)),
-                                                  timeout=self.options.request_timeout,
-                                                  retransmit=True, expect=member.key)
+                peer, reply = await self.rpc.call(address, Locate((criterion,)),
+                                                  timeout=timeout, retransmit=True,
+                                                  expect=member.key)
             except KettenError:
                 continue
-            route = reply.routes[0] if reply.routes else None
-            if route is None or peer.public_key != member.key:
+            if not recovery.located(member, peer.public_key,
+                                    reply.routes[0] if reply.routes else None):
                 continue
-            survivors[member.key] = member
-            best_term = max(best_term, route.term)
             try:
-                _, fetched = await self.rpc.call(
-                    self.sets.address(member),
-                    Fetch(criterion, best_head, 1, False),
-                    timeout=self.options.request_timeout, retransmit=True)
+                _, fetched = await self.rpc.call(address, Fetch(criterion, replica.head, 1, False),
+                                                 timeout=timeout, retransmit=True,
+                                                 expect=member.key)
             except KettenError:
                 continue
-            if fetched.on and fetched.events:
-                longer = (member, fetched.commit[0] if fetched.commit else -1)
-        if longer is not None:
-            raise UsageError(f"{longer[0].address} holds a longer copy of chain "
+            recovery.compared(member, fetched.on and bool(fetched.events))
+        if recovery.longer is not None:
+            raise UsageError(f"{recovery.longer.address} holds a longer copy of chain "
                              f"{criterion.hex()[:16]}: recover there")
         # Fill up with the nodes nearest to the key that answer now.
-        voters = list(survivors.values())
-        for member in await self.sets.candidates(criterion, 3 * len(config.voters)):
-            if len(voters) >= len(config.voters):
+        candidates = await self.sets.candidates(criterion, 3 * len(config.voters))
+        for member in recovery.fill_from(candidates):
+            if recovery.full():
                 break
-            if member.key in survivors:
-                continue
             try:
                 peer, _ = await self.rpc.call(self.sets.address(member), Locate((criterion,)),
-                                              timeout=self.options.request_timeout,
-                                              retransmit=True)
+                                              timeout=timeout, retransmit=True)
             except KettenError:
                 continue
-            if peer.public_key == member.key:
-                voters.append(member)
+            recovery.add(member, peer.public_key)
         async with self.chains.lock(criterion):
             head = replica.head
-            new = ChainConfig(config.epoch + 1, voters, (), -1 if head is None else head[0],
-                              best_term + 1)
-            replica.state = attrs.evolve(replica.state, term=best_term + 1,
-                                         voted_for=own.key, configs=(new,))
-            replica.role = Role.CANDIDATE
-            replica.votes = {own.key}
-            replica.voting = True
-            replica.asked = best_term + 1
-            replica.pre = False
-            replica.become_leader(self._now())
+            new = recovery.configuration(head)
+            replica.take_over(new, recovery.new_term, self._now())
             await self._save(replica)
+        voters = new.voters
         self._counts["recoveries"] += 1
         self._events.warning(
             "chain_recovered",
             "%s: operator recovery of chain %s: epoch %d from this copy (head seq %s) in term "
             "%d, voters %s; events acknowledged by lost brokers beyond this copy are lost",
             own.address, criterion.hex()[:16], new.epoch, None if head is None else head[0],
-            best_term + 1, ", ".join(m.address for m in voters), key=f"recover:{criterion.hex()}",
+            new.term, ", ".join(m.address for m in voters), key=f"recover:{criterion.hex()}",
             criterion=criterion.hex(), epoch=new.epoch, voters=[m.address for m in voters])
         self._reconfigs.pop(criterion, None)
         self._mark(replica)
