@@ -24,6 +24,7 @@ import attrs
 from ..errors import DecodeError
 from .leases import Lease
 from .membership import Member, Pos, decode_pos
+from .messages import _items, _map
 
 __all__ = ["Renewal", "RenewalPlan", "merge_batches"]
 
@@ -59,12 +60,12 @@ class RenewalPlan:
         """The commit positions a broker reported, one per key asked for.
 
         Raises :class:`~ketten.errors.DecodeError` naming what was wrong."""
-        if type(reply) is not dict or type(reply.get("h")) is not list:
-            raise DecodeError("expected {h: [commit per criterion]}", where="lease reply")
-        commits = reply["h"]
+        where = "lease reply"
+        commits = _items(_map(reply, where), "h", where,
+                         lambda value, at: decode_pos(value, where=at), limit=len(keys))
         if len(commits) != len(keys):
-            raise DecodeError("one commit per criterion expected", where="lease reply")
-        return [decode_pos(h, where="lease reply") for h in commits]
+            raise DecodeError("field 'h' must hold one commit per criterion", where=where)
+        return list(commits)
 
 
 @attrs.define(eq=False)

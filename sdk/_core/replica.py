@@ -524,9 +524,7 @@ class Replica:
         """Operator recovery (see :mod:`ketten._core.recovery`): lead ``config`` at once,
         in ``term``, without an election. Returns state to persist."""
         self._evolve(term=term, voted_for=self.own, configs=(config,))
-        self.role = Role.CANDIDATE
         self.votes = {self.own}
-        self.voting = True
         self.asked = term
         self.pre = False
         return self.become_leader(now)
