@@ -37,3 +37,27 @@ async def test_an_idle_cluster_digests_per_peer_and_rarely(autojump_clock) -> No
                 if all(chain and chain[-1].hash == event.hash for chain in held):
                     break
                 await trio.sleep(0.5)
+
+
+async def test_what_a_node_learns_is_stored_within_the_flush_period(autojump_clock) -> None:
+    """The flush loop sleeps until something is to be stored, then writes it within
+    ``commit_flush`` (1 s): a chain learned of by a node that holds no copy, and
+    the commit marks its brokers learn."""
+    async with open_cluster(4, overlay="static", seed=3, settle=3.0) as cluster:
+        key = criterion_key("learned")
+        outsider = cluster.others(key)[0]
+        node = cluster[outsider]
+        assert await node.store.get_cursor("ketten/known") is None
+        await trio.sleep(30.0)  # idle: nothing is written
+        assert await node.store.get_cursor("ketten/known") is None
+        await node.publish("learned", b"first")
+        await trio.sleep(1.5)
+        known = await node.store.get_cursor("ketten/known")
+        assert known is not None and key in [known[i:i + 32] for i in range(0, len(known), 32)]
+        event = await node.publish("learned", b"second")
+        await trio.sleep(1.5)
+        for index in cluster.brokers(key):
+            replica = await cluster[index]._replicator.replica(key)
+            assert replica is not None and replica.commit == (1, event.hash)
+            stored = await cluster[index].store.get_cursor("ketten/chain/" + key.hex())
+            assert stored is not None and event.hash in stored

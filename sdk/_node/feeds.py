@@ -448,6 +448,8 @@ class Feeds:
                 except KettenError:
                     return
 
+        if not lists:
+            return
         async with trio.open_nursery() as nursery:
             for member, requests in merge_batches(lists, brokers, self.own().key,
                                                   _MERGE_CHUNK):

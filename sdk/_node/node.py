@@ -136,6 +136,7 @@ class Node:
                                                    self._options, self._rng)
         chains.replicated = replicator.holds
         sets.rival = replicator.settle_rival_soon
+        sets.known_changed = replicator.flush_soon
         sets.load = replicator.route
         self._broker = Broker(self._rpc, chains, replicator, sets, None, config.request_timeout,
                               config.sync_batch_bytes,
@@ -287,7 +288,7 @@ class Node:
             return replica.is_voter()
         # No such chain here yet: one of the nodes it would be created on.
         own = self.identity.public_key
-        return any(m.key == own for m in self._sets.desired(criterion))
+        return own in self._sets.desired_keys(criterion)
 
     def _local_commit(self, criterion: bytes) -> Pos | None:
         replica = self._replicator.loaded(criterion)

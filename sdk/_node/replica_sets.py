@@ -37,6 +37,9 @@ __all__ = ["Creation", "Located", "ReplicaSets", "Survey"]
 _MAX_ROUTES = 1 << 16
 _MAX_KNOWN = 1 << 18
 
+_Desired = tuple[tuple[Member, ...], frozenset[bytes]]
+"""The members the routing table names for a key, and their keys."""
+
 
 @attrs.frozen
 class Survey:
@@ -111,6 +114,8 @@ class ReplicaSets:
     rival: Callable[[bytes, bytes, str, tuple[ChainConfig, ...]], None] = (
         lambda criterion, genesis, address, configs: None)
     """Called when a survey finds another chain of a criterion this node holds."""
+    known_changed: Callable[[], None] = lambda: None
+    """Called when the known chains (see :meth:`known_bytes`) grew."""
     load: Callable[[bytes], Awaitable[Route | None]] | None = None
     """This node's view of a chain it holds state of, read from the store if need be
     (after a restart nothing is loaded until asked)."""
@@ -126,8 +131,8 @@ class ReplicaSets:
     _lookups: int = attrs.field(default=0, init=False)
     _near_asks: int = attrs.field(default=0, init=False)
     _locates: Coalescer[Member, bytes, Located] = attrs.field(init=False)
-    _desired: OrderedDict[bytes, tuple[int, list[Member]]] = attrs.field(factory=OrderedDict,
-                                                                      init=False)
+    _desired: OrderedDict[bytes, tuple[int, _Desired]] = attrs.field(factory=OrderedDict,
+                                                                       init=False)
     _handover: HandoverState[Member] = attrs.field(factory=HandoverState, init=False)
     """Who handed this node the chains near it, whom to ask next (see :meth:`settle`)."""
     _want: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -195,8 +200,11 @@ class ReplicaSets:
         own = self.own()
         near = [(m.key, m) for m in map(member_of, self.overlay.nearest(
             own.node_id, 2 * self.replication + 1)) if m.key != own.key]
+        asks = self._handover.round(near)
+        if not asks:
+            return
         async with trio.open_nursery() as nursery:
-            for key, member in self._handover.round(near):
+            for key, member in asks:
                 nursery.start_soon(self._take_handover, key, member)
 
     async def _take_handover(self, key: bytes, member: Member) -> None:
@@ -249,6 +257,7 @@ class ReplicaSets:
         if criterion not in self._known:
             self._known[criterion] = None
             self._known_dirty = True
+            self.known_changed()
             while len(self._known) > _MAX_KNOWN:
                 self._known.popitem(last=False)
         else:
@@ -309,20 +318,29 @@ class ReplicaSets:
 
         Remembered per chain while the overlay's ``version`` (if it has one) stays
         the same, so background rounds over many chains cost no table scans."""
+        return list(self._desired_entry(criterion)[0])
+
+    def desired_keys(self, criterion: bytes) -> frozenset[bytes]:
+        """The keys of :meth:`desired`."""
+        return self._desired_entry(criterion)[1]
+
+    def _desired_entry(self, criterion: bytes) -> tuple[tuple[Member, ...], frozenset[bytes]]:
         if self.overlay is None:
-            return [self.own()]
+            own = self.own()
+            return (own,), frozenset((own.key,))
         version = getattr(self.overlay, "version", None)
         if version is not None:
             known = self._desired.get(criterion)
             if known is not None and known[0] == version:
-                return list(known[1])
-        members = [member_of(p) for p in self.overlay.nearest(criterion, self.replication)]
+                return known[1]
+        members = tuple(member_of(p) for p in self.overlay.nearest(criterion, self.replication))
+        entry = members, frozenset(m.key for m in members)
         if version is not None:
-            self._desired[criterion] = (version, members)
+            self._desired[criterion] = (version, entry)
             self._desired.move_to_end(criterion)
             while len(self._desired) > _MAX_ROUTES:
                 self._desired.popitem(last=False)
-        return list(members)
+        return entry
 
     async def candidates(self, criterion: bytes, count: int) -> list[Member]:
         """The ``count`` nodes closest to ``criterion`` (a network lookup if need be)."""

@@ -249,6 +249,7 @@ class Replicator:
     _campaigns: dict[bytes, trio.Event] = attrs.field(factory=dict, init=False)
     _creations: dict[bytes, trio.Event] = attrs.field(factory=dict, init=False)
     _dirty_states: dict[bytes, None] = attrs.field(factory=dict, init=False)
+    _flush_wanted: trio.Event = attrs.field(factory=trio.Event, init=False)
     _members: dict[bytes, frozenset[bytes]] = attrs.field(factory=dict, init=False)
     """Voters of every chain this node holds state of (for background rounds)."""
     _held_sorted: list[bytes] | None = attrs.field(default=None, init=False)
@@ -619,6 +620,7 @@ class Replicator:
 
     def _commit_learned(self, criterion: bytes, pos: Pos) -> None:
         self._dirty_states[criterion] = None
+        self.flush_soon()
         self._signal(criterion)
         for observer in self._committed:
             observer(criterion, pos)
@@ -1346,9 +1348,15 @@ class Replicator:
         finally:
             self._nursery = None  # closed: background work is refused from now on
 
+    def flush_soon(self) -> None:
+        """Something to store: the flush loop writes it within ``commit_flush`` seconds."""
+        self._flush_wanted.set()
+
     async def _flush_loop(self) -> None:
         while True:
+            await self._flush_wanted.wait()
             await trio.sleep(self.options.commit_flush)
+            self._flush_wanted = trio.Event()  # first: what arrives during the flush waits
             await guarded(self.flush)
 
     async def flush(self) -> None:
@@ -1418,7 +1426,7 @@ class Replicator:
                 continue
             replica = self._replicas.get(criterion)
             mismatched = own in voters and (
-                frozenset(m.key for m in self.sets.desired(criterion)) != voters
+                self.sets.desired_keys(criterion) != voters
                 or (replica is not None and replica.reconfiguring()))
             if mismatched:
                 watched.add(criterion)
