@@ -382,6 +382,35 @@ def test_a_follower_in_a_new_term_is_cut_back_to_the_leaders_start() -> None:
     assert refused.truncate_from is None
 
 
+def test_a_commit_mark_alone_waits_for_the_flush_a_configuration_does_not() -> None:
+    first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
+    events: list[Event] = []
+    for n in range(3):
+        events.append(Event.create(AUTHOR, criterion=KEY, seq=n,
+                                   prev=events[-1].hash if events else None,
+                                   payload=b"%d" % n, time=0))
+    follower = Replica(KEY, KEYS[1], ChainState(term=1, log_term=1, configs=(first,)),
+                       (1, events[1].hash))
+    hashes = {e.seq: e.hash for e in events}
+    # In line with the leader: an append that moves only the commit mark is
+    # acknowledged without a write of the state; the mark moved in memory.
+    outcome = follower.on_append(KEYS[0], 1, None, (1, events[1].hash), [events[2]],
+                                 (2, events[2].hash), (first,), 0.0, hashes)
+    assert outcome.ack.status is AckStatus.OK and outcome.append == (events[2],)
+    assert outcome.state is None
+    assert outcome.committed == (2, events[2].hash) == follower.state.commit
+    # A new configuration is written before the ack, with the mark.
+    second = ChainConfig(2, MEMBERS[1:4], (), 2, 1)
+    outcome = follower.on_append(KEYS[0], 1, None, (2, events[2].hash), [],
+                                 (2, events[2].hash), (first, second), 0.0, hashes)
+    assert outcome.state is not None and outcome.state.configs == (first, second)
+    assert outcome.state.commit == (2, events[2].hash)
+    # So is a new term.
+    outcome = follower.on_append(KEYS[0], 2, (2, events[2].hash), (2, events[2].hash), [],
+                                 (2, events[2].hash), (first, second), 0.0, hashes)
+    assert outcome.state is not None and outcome.state.term == 2
+
+
 def test_votes_are_given_once_per_term_and_only_to_the_up_to_date() -> None:
     first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
     voter = Replica(KEY, KEYS[2], ChainState(term=3, log_term=3, configs=(first,)), (5, b"h" * 32))

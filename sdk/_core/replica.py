@@ -95,7 +95,8 @@ class AppendOutcome:
     state: ChainState | None = None
     """Persist this state durably before acknowledging."""
     committed: Pos | None = None
-    """The commit position advanced to this."""
+    """The commit position advanced to this: persist the state soon (at most the
+    flush period later), if :attr:`state` does not already carry it."""
 
 
 @attrs.frozen
@@ -374,7 +375,11 @@ class Replica:
             changes["commit"] = commit
             committed = commit
         if changes:
-            persist = self._evolve(**changes)
+            evolved = self._evolve(**changes)
+            # A commit mark alone waits for the periodic flush (``committed`` says it
+            # moved); what a vote or an election depends on is written before the ack.
+            if persist is not None or "configs" in changes:
+                persist = evolved
         return AppendOutcome(self._ack(AckStatus.OK), append=tuple(fresh), state=persist,
                              committed=committed)
 

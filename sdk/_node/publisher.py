@@ -77,9 +77,9 @@ class Publisher:
     rng: random.Random
     nursery: Callable[[], trio.Nursery]
     max_publishing: int = 16
+    """Calls worked on at once; later ones wait their turn before their deadline starts."""
     max_event_size: int = DEFAULT_MAX_EVENT_SIZE
     """The node's ``max_event_size``: a bigger event is refused before it is sent."""
-    """Calls worked on at once; later ones wait their turn before their deadline starts."""
     _turns: trio.Semaphore = attrs.field(init=False)
     _heads: OrderedDict[bytes, Pos] = attrs.field(factory=OrderedDict, init=False)
     _built: OrderedDict[bytes, PublishAttempt] = attrs.field(factory=OrderedDict, init=False)
