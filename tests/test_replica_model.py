@@ -358,13 +358,18 @@ def test_replica_safety_under_any_schedule(seed: int) -> None:
     assert h.violations == []
 
 
-def test_a_follower_in_a_new_term_is_cut_back_to_the_leaders_start() -> None:
-    first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
+def linked_events(count: int) -> list[Event]:
     events: list[Event] = []
-    for n in range(4):
+    for n in range(count):
         events.append(Event.create(AUTHOR, criterion=KEY, seq=n,
                                    prev=events[-1].hash if events else None,
                                    payload=b"%d" % n, time=0))
+    return events
+
+
+def test_a_follower_in_a_new_term_is_cut_back_to_the_leaders_start() -> None:
+    first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
+    events = linked_events(4)
     follower = Replica(KEY, KEYS[1], ChainState(term=1, log_term=1, configs=(first,)),
                        (3, events[3].hash))
     hashes = {e.seq: e.hash for e in events}
@@ -384,11 +389,7 @@ def test_a_follower_in_a_new_term_is_cut_back_to_the_leaders_start() -> None:
 
 def test_a_commit_mark_alone_waits_for_the_flush_a_configuration_does_not() -> None:
     first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
-    events: list[Event] = []
-    for n in range(3):
-        events.append(Event.create(AUTHOR, criterion=KEY, seq=n,
-                                   prev=events[-1].hash if events else None,
-                                   payload=b"%d" % n, time=0))
+    events = linked_events(3)
     follower = Replica(KEY, KEYS[1], ChainState(term=1, log_term=1, configs=(first,)),
                        (1, events[1].hash))
     hashes = {e.seq: e.hash for e in events}
