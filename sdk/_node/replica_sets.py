@@ -324,7 +324,7 @@ class ReplicaSets:
         """The keys of :meth:`desired`."""
         return self._desired_entry(criterion)[1]
 
-    def _desired_entry(self, criterion: bytes) -> tuple[tuple[Member, ...], frozenset[bytes]]:
+    def _desired_entry(self, criterion: bytes) -> _Desired:
         if self.overlay is None:
             own = self.own()
             return (own,), frozenset((own.key,))

@@ -1356,7 +1356,7 @@ class Replicator:
         while True:
             await self._flush_wanted.wait()
             await trio.sleep(self.options.commit_flush)
-            self._flush_wanted = trio.Event()  # first: what arrives during the flush waits
+            self._flush_wanted = trio.Event()  # before the flush: what it misses waits a turn
             await guarded(self.flush)
 
     async def flush(self) -> None:
