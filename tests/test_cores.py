@@ -36,7 +36,14 @@ from ketten._core.messages import (
     VoteItem,
 )
 from ketten._core.pacing import Hedge
-from ketten._core.publish import PublishAttempt, Step, Verdict, backoff_delay, judge_offer
+from ketten._core.publish import (
+    PublishAttempt,
+    Step,
+    Verdict,
+    backoff_delay,
+    judge_offer,
+    settled_answer,
+)
 from ketten._core.read import ReadAttempt, ReadStep
 from ketten._core.reconfig import Change, Reconfiguration
 
@@ -97,6 +104,25 @@ def test_a_command_id_names_one_content() -> None:
                        at_seq=None) == (Verdict.PRESENT, first)
     assert judge_offer(other, head=first, earlier=None, by_command=first,
                        at_seq=None) == (Verdict.REUSED, first)
+
+
+def test_the_answer_waits_for_the_commit_and_says_when_the_outcome_is_unknown() -> None:
+    first = chain(b"pay", command=7)[0]
+    retry = Event.create(AUTHOR, criterion=KEY, seq=0, prev=None, payload=b"pay", time=5,
+                         command=7)
+    other = Event.create(AUTHOR, criterion=KEY, seq=1, prev=first.hash, payload=b"other",
+                         time=1, command=7)
+    acked = settled_answer(Verdict.APPEND, first, first, True)
+    assert acked.kind is Answer.ACK and acked.event is None  # the offered event itself
+    present = settled_answer(Verdict.PRESENT, retry, first, True)
+    assert present.kind is Answer.ACK and present.event == first.to_bytes()
+    reused = settled_answer(Verdict.REUSED, other, first, True)
+    assert reused.kind is Answer.REUSED and reused.event == first.to_bytes()
+    assert "command 7" in reused.message and "seq 0" in reused.message
+    for settled, words in ((None, "not committed in time"), (False, "leadership changed")):
+        unknown = settled_answer(Verdict.APPEND, first, first, settled)
+        assert unknown.kind is Answer.BUSY and unknown.stored
+        assert words in unknown.message and "outcome is unknown" in unknown.message
 
 
 @given(st.integers(0, 64), st.floats(0, 1, exclude_max=True))

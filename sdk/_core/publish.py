@@ -32,6 +32,7 @@ __all__ = [
     "answered_event",
     "backoff_delay",
     "judge_offer",
+    "settled_answer",
 ]
 
 
@@ -74,6 +75,25 @@ def judge_offer(
     if event.seq == head.seq + 1 and event.prev == head.hash:
         return Verdict.APPEND, None
     return Verdict.STALE, head
+
+
+def settled_answer(verdict: Verdict, event: Event, target: Event,
+                   settled: bool | None) -> OfferAnswer:
+    """The leader's answer once it waited for ``target`` (the offered ``event``, or
+    the event the verdict refers to) to commit: ``settled`` is ``True`` if it did,
+    ``False`` if another event took its place, ``None`` if time ran out."""
+    if settled is None:
+        return OfferAnswer(Answer.BUSY, stored=True,
+                           message="not committed in time (the outcome is unknown)")
+    if settled is False:
+        return OfferAnswer(Answer.BUSY, stored=True, message="leadership changed while "
+                           "the event was being committed (the outcome is unknown)")
+    if verdict is Verdict.REUSED:
+        return OfferAnswer(Answer.REUSED, event=target.to_bytes(), message=(
+            f"command {event.command} of author {event.author.hex()[:16]} is already "
+            f"applied with other content as seq {target.seq}"))
+    return OfferAnswer(Answer.ACK, event=None if target.hash == event.hash
+                       else target.to_bytes())
 
 
 def answered_event(answer: OfferAnswer, item: OfferItem, offered: Event) -> Event:

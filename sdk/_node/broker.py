@@ -38,7 +38,7 @@ from .._core.messages import (
     OfferReply,
     Route,
 )
-from .._core.publish import Verdict, judge_offer
+from .._core.publish import Verdict, judge_offer, settled_answer
 from .._core.quota import RateLimit
 from .._core.replica import Replica
 from ..errors import (
@@ -226,18 +226,7 @@ class Broker:
                 assert ref is not None
                 target = ref
         settled = await self.replicator.wait_commit(criterion, target.seq, target.hash, until)
-        if settled is None:
-            return OfferAnswer(Answer.BUSY, stored=True,
-                               message="not committed in time (the outcome is unknown)")
-        if settled is False:
-            return OfferAnswer(Answer.BUSY, stored=True, message="leadership changed while "
-                               "the event was being committed (the outcome is unknown)")
-        if verdict is Verdict.REUSED:
-            return OfferAnswer(Answer.REUSED, event=target.to_bytes(), message=(
-                f"command {event.command} of author {event.author.hex()[:16]} is already "
-                f"applied with other content as seq {target.seq}"))
-        return OfferAnswer(Answer.ACK, event=None if target.hash == event.hash
-                           else target.to_bytes())
+        return settled_answer(verdict, event, target, settled)
 
     async def _check_writer(self, criterion: bytes, event: Event) -> None:
         if event.seq == 0:
