@@ -22,7 +22,8 @@ PACKAGES = {
 }
 PUBLIC = {"ketten", "ketten.errors", "ketten.interfaces", "ketten.wire", "ketten.hookspecs",
           "ketten.testing", "ketten.logs"}
-PARTS = ["rpc", "local_chains", "replica_sets", "replicator", "broker", "publisher", "feeds"]
+PARTS = ["rpc", "local_chains", "replica_sets", "replicator", "broker", "publisher", "reader",
+         "feeds"]
 
 
 def modules() -> dict[str, Path]:

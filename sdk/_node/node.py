@@ -24,15 +24,12 @@ from .._core.chain import Chain, Verify
 from .._core.event import Event
 from .._core.identity import Identity, criterion_key
 from .._core.membership import ChainConfig, Member, Pos
-from .._core.messages import CommitQuery, CommitReply
 from .._core.quota import RateLimit
-from .._core.read import ReadAttempt, ReadStep
 from ..errors import (
     ConfigError,
     InternalError,
     KettenError,
     PeerUnreachable,
-    QuorumUnavailable,
     StoreCorrupted,
     UsageError,
 )
@@ -51,6 +48,7 @@ from .feeds import (
 from .local_chains import LocalChains
 from .plugins import check_selected, make_plugin, plugin_manager
 from .publisher import ConflictHandler, Publisher
+from .reader import Reader
 from .replica_sets import Creation, ReplicaSets
 from .replicator import ReplicationOptions, ReplicationStatistics, Replicator
 from .rpc import Rpc, guarded
@@ -105,6 +103,7 @@ class Node:
     _replicator: Replicator = attrs.field(init=False)
     _broker: Broker = attrs.field(init=False)
     _publisher: Publisher = attrs.field(init=False)
+    _reader: Reader = attrs.field(init=False)
     _feeds: Feeds = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -148,6 +147,8 @@ class Node:
                                     self._observe, self._clock is not None, self.now_ms,
                                     config.request_timeout, self._rng, lambda: self.nursery,
                                     self._options.max_publishing, config.max_event_size)
+        self._reader = Reader(self._rpc, chains, sets, replicator, self._broker,
+                              self.identity.public_key, self._rng)
         settings = Feeds.parse_options(config.options_for("subscriptions"),
                                        self._options.anti_entropy)
         self._feeds = Feeds(self._rpc, chains, self._member, self.now_ms, self._members_of,
@@ -412,105 +413,12 @@ class Node:
         commit position in time.
         """
         key = self._key(criterion)
-        commit, source = await self._committed_head(key, trio.current_time() + deadline)
+        commit, source = await self._reader.committed_head(key, trio.current_time() + deadline)
         if commit is not None:
-            events = await self._read_committed(key, commit, source, commit[0])
+            events = await self._reader.committed(key, commit, source, commit[0])
             if events:
                 return events[-1]
         return await self._chains.head(key)
-
-    async def _committed_head(self, key: bytes, until: float) -> tuple[Pos | None, Member | None]:
-        """The leader's confirmed commit position and a member that holds it.
-
-        Drives a :class:`ReadAttempt`: it decides whom to ask and when.
-        """
-        attempt = ReadAttempt(key, until, self._rng)
-        while True:
-            action = attempt.next(trio.current_time())
-            if action.step is ReadStep.DONE:
-                return action.commit, action.source
-            if action.step is ReadStep.FAIL:
-                raise QuorumUnavailable(f"no leader of criterion {key.hex()[:16]} confirmed a "
-                                        f"commit position in time ({action.message})")
-            if action.step is ReadStep.WAIT:
-                await trio.sleep_until(action.until)
-            elif action.step is ReadStep.ROUTE:
-                try:
-                    found = await self._sets.route(key, refresh=action.refresh)
-                except KettenError as exc:
-                    attempt.routed(None, trio.current_time(), error=str(exc))
-                else:
-                    attempt.routed(None if isinstance(found, Creation) else found,
-                                   trio.current_time(), absent=isinstance(found, Creation))
-            else:
-                assert action.target is not None
-                reply = await self._ask_commit(key, action.target, action.urge, until)
-                if reply is not None and reply.route is not None:
-                    self._sets.learn(key, reply.route)
-                attempt.answered(action.target, reply, trio.current_time())
-
-    async def _ask_commit(self, key: bytes, target: Member, urge: bool,
-                          until: float) -> CommitReply | None:
-        if target.key == self.identity.public_key:
-            try:
-                return await self._broker.commit(key, urge=urge)
-            except KettenError:
-                return None
-        with trio.move_on_after(max(0.01, until - trio.current_time())):
-            try:
-                _, reply = await self._rpc.call(self._sets.address(target),
-                                                CommitQuery(key, urge), retransmit=True,
-                                                expect=target.key)
-            except KettenError:
-                return None
-            return reply if isinstance(reply, CommitReply) else None
-        return None
-
-    async def _read_committed(self, key: bytes, commit: Pos, source: Member | None,
-                              since: int) -> list[Event]:
-        """The committed events of ``key`` from ``since`` up to ``commit``.
-
-        A copy of this node's own that holds ``commit`` answers alone. A
-        reader's copy (no replication state here) is extended with the
-        missing committed events; a chain this node is a member of changes
-        only through its leader, so what it lacks is fetched and not kept.
-        """
-        chains = self._chains
-        if await chains.hash_at(key, commit[0]) == commit[1]:
-            return await chains.range(key, max(since, 0), commit[0] + 1)
-        route = self._sets.cached(key)
-        sources = ([source] if source is not None else []) + (
-            list(route.config.members()) if route is not None else [])
-        own = self.identity.public_key
-        if not self._replicator.holds(key):
-            for member in sources:
-                if member.key == own:
-                    continue
-                await self._replicator.pull_committed(self._sets.address(member), key)
-                if await chains.hash_at(key, commit[0]) == commit[1]:
-                    return await chains.range(key, max(since, 0), commit[0] + 1)
-            raise QuorumUnavailable(f"no broker of criterion {key.hex()[:16]} served its "
-                                    f"committed events up to seq {commit[0]}")
-        await self._replicator.repair(key)
-        replica = self._replicator.loaded(key)
-        base = None if replica is None else replica.commit
-        if base is not None and await chains.hash_at(key, base[0]) != base[1]:
-            base = None
-        if base is not None and base[0] >= commit[0]:
-            base = None
-        prefix = [] if base is None else await chains.range(key, max(since, 0), base[0] + 1)
-        for member in sources:
-            if member.key == own:
-                continue
-            try:
-                tail = await self._replicator.fetch_committed(self._sets.address(member), key,
-                                                              base, commit)
-            except KettenError:
-                continue
-            if tail and tail[-1].seq == commit[0] and tail[-1].hash == commit[1]:
-                return prefix + [e for e in tail if e.seq >= since]
-        raise QuorumUnavailable(f"no broker of criterion {key.hex()[:16]} served its "
-                                f"committed events up to seq {commit[0]}")
 
     async def read(self, criterion: bytes | str, since: int = 0, *,
                    deadline: float = 10.0) -> list[Event]:
@@ -526,11 +434,11 @@ class Node:
         brokers; read again).
         """
         key = self._key(criterion)
-        commit, source = await self._committed_head(key, trio.current_time() + deadline)
+        commit, source = await self._reader.committed_head(key, trio.current_time() + deadline)
         if commit is None:
             return []
         try:
-            return await self._read_committed(key, commit, source, since)
+            return await self._reader.committed(key, commit, source, since)
         except StoreCorrupted as exc:
             self._damaged(exc)
             raise

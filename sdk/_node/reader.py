@@ -1,0 +1,133 @@
+"""``Reader``: the trio driver of :class:`~ketten._core.read.ReadAttempt`, and the
+reading of committed events.
+
+It asks a chain's leader for its confirmed commit position (the attempt
+decides whom to ask and when), then returns the committed events: from this
+node's copy when it holds the commit, else fetched from the chain's brokers.
+"""
+
+from __future__ import annotations
+
+import random
+
+import attrs
+import trio
+
+from .._core.event import Event
+from .._core.membership import Member, Pos
+from .._core.messages import CommitQuery, CommitReply
+from .._core.read import ReadAttempt, ReadStep
+from ..errors import KettenError, QuorumUnavailable
+from .broker import Broker
+from .local_chains import LocalChains
+from .replica_sets import Creation, ReplicaSets
+from .replicator import Replicator
+from .rpc import Rpc
+
+__all__ = ["Reader"]
+
+
+@attrs.define(eq=False)
+class Reader:
+    """Reads committed events, from any node."""
+
+    rpc: Rpc
+    chains: LocalChains
+    sets: ReplicaSets
+    replicator: Replicator
+    broker: Broker
+    own: bytes
+    """This node's public key."""
+    rng: random.Random
+
+    async def committed_head(self, key: bytes, until: float) -> tuple[Pos | None, Member | None]:
+        """The leader's confirmed commit position and a member that holds it.
+
+        Raises :class:`~ketten.errors.QuorumUnavailable` if no leader confirmed
+        one by ``until``."""
+        attempt = ReadAttempt(key, until, self.rng)
+        while True:
+            action = attempt.next(trio.current_time())
+            if action.step is ReadStep.DONE:
+                return action.commit, action.source
+            if action.step is ReadStep.FAIL:
+                raise QuorumUnavailable(f"no leader of criterion {key.hex()[:16]} confirmed a "
+                                        f"commit position in time ({action.message})")
+            if action.step is ReadStep.WAIT:
+                await trio.sleep_until(action.until)
+            elif action.step is ReadStep.ROUTE:
+                try:
+                    found = await self.sets.route(key, refresh=action.refresh)
+                except KettenError as exc:
+                    attempt.routed(None, trio.current_time(), error=str(exc))
+                else:
+                    attempt.routed(None if isinstance(found, Creation) else found,
+                                   trio.current_time(), absent=isinstance(found, Creation))
+            else:
+                assert action.target is not None
+                reply = await self._ask_commit(key, action.target, action.urge, until)
+                if reply is not None and reply.route is not None:
+                    self.sets.learn(key, reply.route)
+                attempt.answered(action.target, reply, trio.current_time())
+
+    async def _ask_commit(self, key: bytes, target: Member, urge: bool,
+                          until: float) -> CommitReply | None:
+        if target.key == self.own:
+            try:
+                return await self.broker.commit(key, urge=urge)
+            except KettenError:
+                return None
+        with trio.move_on_after(max(0.01, until - trio.current_time())):
+            try:
+                _, reply = await self.rpc.call(self.sets.address(target),
+                                               CommitQuery(key, urge), retransmit=True,
+                                               expect=target.key)
+            except KettenError:
+                return None
+            return reply if isinstance(reply, CommitReply) else None
+        return None
+
+    async def committed(self, key: bytes, commit: Pos, source: Member | None,
+                        since: int) -> list[Event]:
+        """The committed events of ``key`` from ``since`` up to ``commit``.
+
+        A copy of this node's own that holds ``commit`` answers alone. A
+        reader's copy (no replication state here) is extended with the
+        missing committed events; a chain this node is a member of changes
+        only through its leader, so what it lacks is fetched and not kept.
+        Raises :class:`~ketten.errors.QuorumUnavailable` if no broker served
+        them, :class:`~ketten.errors.StoreCorrupted` if this node's copy is
+        damaged.
+        """
+        chains = self.chains
+        if await chains.hash_at(key, commit[0]) == commit[1]:
+            return await chains.range(key, max(since, 0), commit[0] + 1)
+        route = self.sets.cached(key)
+        sources = ([source] if source is not None else []) + (
+            list(route.config.members()) if route is not None else [])
+        sources = [member for member in sources if member.key != self.own]
+        if not self.replicator.holds(key):
+            for member in sources:
+                await self.replicator.pull_committed(self.sets.address(member), key)
+                if await chains.hash_at(key, commit[0]) == commit[1]:
+                    return await chains.range(key, max(since, 0), commit[0] + 1)
+            raise QuorumUnavailable(f"no broker of criterion {key.hex()[:16]} served its "
+                                    f"committed events up to seq {commit[0]}")
+        await self.replicator.repair(key)
+        replica = self.replicator.loaded(key)
+        base = None if replica is None else replica.commit
+        if base is not None and await chains.hash_at(key, base[0]) != base[1]:
+            base = None
+        if base is not None and base[0] >= commit[0]:
+            base = None
+        prefix = [] if base is None else await chains.range(key, max(since, 0), base[0] + 1)
+        for member in sources:
+            try:
+                tail = await self.replicator.fetch_committed(self.sets.address(member), key,
+                                                             base, commit)
+            except KettenError:
+                continue
+            if tail and tail[-1].seq == commit[0] and tail[-1].hash == commit[1]:
+                return prefix + [e for e in tail if e.seq >= since]
+        raise QuorumUnavailable(f"no broker of criterion {key.hex()[:16]} served its "
+                                f"committed events up to seq {commit[0]}")
