@@ -5,6 +5,7 @@ from __future__ import annotations
 import trio
 
 from ketten import criterion_key
+from ketten._node.local_chains import STATE_PREFIX
 from ketten.testing import open_cluster
 
 
@@ -59,5 +60,5 @@ async def test_what_a_node_learns_is_stored_within_the_flush_period(autojump_clo
         for index in cluster.brokers(key):
             replica = await cluster[index]._replicator.replica(key)
             assert replica is not None and replica.commit == (1, event.hash)
-            stored = await cluster[index].store.get_cursor("ketten/chain/" + key.hex())
+            stored = await cluster[index].store.get_cursor(STATE_PREFIX + key.hex())
             assert stored is not None and event.hash in stored

@@ -111,8 +111,7 @@ class Reader:
                 await self.replicator.pull_committed(self.sets.address(member), key)
                 if await chains.hash_at(key, commit[0]) == commit[1]:
                     return await chains.range(key, max(since, 0), commit[0] + 1)
-            raise QuorumUnavailable(f"no broker of criterion {key.hex()[:16]} served its "
-                                    f"committed events up to seq {commit[0]}")
+            raise _unserved(key, commit)
         await self.replicator.repair(key)
         replica = self.replicator.loaded(key)
         base = None if replica is None else replica.commit
@@ -129,5 +128,9 @@ class Reader:
                 continue
             if tail and tail[-1].seq == commit[0] and tail[-1].hash == commit[1]:
                 return prefix + [e for e in tail if e.seq >= since]
-        raise QuorumUnavailable(f"no broker of criterion {key.hex()[:16]} served its "
-                                f"committed events up to seq {commit[0]}")
+        raise _unserved(key, commit)
+
+
+def _unserved(key: bytes, commit: Pos) -> QuorumUnavailable:
+    return QuorumUnavailable(f"no broker of criterion {key.hex()[:16]} served its "
+                             f"committed events up to seq {commit[0]}")
