@@ -225,6 +225,17 @@ def mutate(data: bytes, mutation: tuple[str, int, int]) -> bytes:
     return data[:at] + bytes([value]) + data[at:]
 
 
+def test_a_header_whose_version_is_true_is_refused() -> None:
+    """One flipped byte turns ``version: 1`` into ``version: true``, and ``True == 1``
+    in Python: found by the mutation property below."""
+    genesis = Event.create(IDENTITIES[0], criterion=CRIT, seq=0, prev=None, payload=b"",
+                           time=1)
+    cid = next(iter(chain_blocks([genesis]))).cid
+    body = dag_cbor.encode({"roots": [cid], "version": True})
+    with pytest.raises(DecodeError, match="not a CARv1 header"):
+        read_car_header(bytes(varint.encode(len(body))) + body)
+
+
 @settings(max_examples=400, deadline=None)
 @given(chains(max_size=4), st.lists(mutations, min_size=1, max_size=3))
 def test_mutated_cars_raise_ketten_errors(events: list[Event],

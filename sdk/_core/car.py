@@ -101,7 +101,9 @@ def read_car_header(buf: bytes | memoryview) -> tuple[list[CID], int]:
         raise DecodeError("a CARv2 file; only CARv1 is read (convert it with `car` or "
                           "`ipfs dag export`)", where="car header")
     roots = header.get("roots")
-    if (version != 1 or set(header) != {"roots", "version"} or not isinstance(roots, list)
+    # ``True == 1`` in Python: the version must be the integer itself.
+    if (type(version) is not int or version != 1 or set(header) != {"roots", "version"}
+            or not isinstance(roots, list)
             or not all(isinstance(r, CID) for r in roots)):
         raise DecodeError("not a CARv1 header ({roots: [CID...], version: 1})",
                           where="car header")
