@@ -20,6 +20,7 @@ from ketten._core.messages import (
     Append,
     AppendAck,
     AppendItem,
+    CommitNotice,
     CommitQuery,
     CommitReply,
     Digest,
@@ -436,6 +437,8 @@ def test_messages_round_trip(config: ChainConfig, term: int, pos: object,
         Digest((b"\0" * 16,) * 16, (1, 2), ((KEY, 1, 5),)),
         Handover(), Handover(KEY),
     ]
+    if pos is not None:
+        samples.append(CommitNotice(((KEY, term + 1, pos), (b"k" * 32, 1, pos))))  # type: ignore[arg-type]
     for message in samples:
         assert type(message).from_wire(message.to_wire()) == message
     replies = [OfferAnswer(Answer.REDIRECT, route=route_), LocateReply((route_, None), (True, False)),
@@ -451,7 +454,7 @@ def test_messages_round_trip(config: ChainConfig, term: int, pos: object,
                     lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(st.text(max_size=3), inner, max_size=4), max_leaves=12))
 def test_message_decoders_raise_only_decode_errors(body: object) -> None:
-    for kind in (Offer, Append, Vote, CommitQuery, Fetch, Locate, Digest, Handover):
+    for kind in (Offer, Append, Vote, CommitQuery, Fetch, Locate, Digest, Handover, CommitNotice):
         try:
             kind.from_wire(body)
         except DecodeError:
@@ -461,6 +464,23 @@ def test_message_decoders_raise_only_decode_errors(body: object) -> None:
             reply.from_wire(body)
         except DecodeError:
             pass
+
+
+def test_a_commit_notice_is_refused_whole_when_any_item_is_malformed() -> None:
+    good = [KEY, 3, [4, b"h" * 32]]
+    assert CommitNotice.from_wire({"i": [good]}).items == ((KEY, 3, (4, b"h" * 32)),)
+    for items, named in [
+        ([], "must not be empty"),
+        ([good, good], "one item per chain"),
+        ([[KEY, 0, [4, b"h" * 32]]], "term"),
+        ([[KEY, True, [4, b"h" * 32]]], "term"),
+        ([[KEY, 3, None]], "must not be null"),
+        ([[KEY, 3, [4, b"short"]]], "32-byte hash"),
+        ([[KEY[:5], 3, [4, b"h" * 32]]], r"commit notice\.i\[0\]: expected a 32-byte key"),
+        ([good] * 300, "at most"),
+    ]:
+        with pytest.raises(DecodeError, match=named):
+            CommitNotice.from_wire({"i": items})
 
 
 @settings(max_examples=60, deadline=None)

@@ -62,3 +62,23 @@ async def test_what_a_node_learns_is_stored_within_the_flush_period(autojump_clo
             assert replica is not None and replica.commit == (1, event.hash)
             stored = await cluster[index].store.get_cursor(STATE_PREFIX + key.hex())
             assert stored is not None and event.hash in stored
+
+
+async def test_a_commit_mark_alone_travels_one_way(autojump_clock) -> None:
+    """Once a follower holds the events, the leader tells it of their commit in a
+    one-way notice: one request per publish and follower, not two."""
+    async with open_cluster(3, overlay="static", seed=4, settle=3.0) as cluster:
+        key = criterion_key("told")
+        await cluster[0].publish("told", b"first")
+        await trio.sleep(2.0)
+        requests, notices = totals(cluster, "append_requests"), totals(cluster, "commit_notices")
+        for n in range(10):
+            event = await cluster[n % 3].publish("told", b"%d" % n)
+        await trio.sleep(0.5)
+        requests = totals(cluster, "append_requests") - requests
+        notices = totals(cluster, "commit_notices") - notices
+        assert requests <= 2 * 10 + 2, requests
+        assert notices >= 2 * 10 - 2, notices
+        for index in cluster.brokers(key):
+            replica = await cluster[index]._replicator.replica(key)
+            assert replica is not None and replica.commit == (10, event.hash)

@@ -4,7 +4,7 @@ A tiny harness plays the driver: five replicas of one chain, each with a
 list of events as its store and a "disk" for its durable state, and a pool
 of messages in flight that are delivered in any order, dropped or
 duplicated. Random steps elect, propose, change configurations, restart
-replicas and deliver messages; after every step the harness checks Raft's
+replicas and deliver messages (appends, and commit marks sent alone); after every step the harness checks Raft's
 safety properties:
 
 * at most one leader per term;
@@ -30,7 +30,7 @@ from ketten import Event, Identity, criterion_key
 from ketten._core.election import Election, Outcome, Phase
 from ketten._core.membership import ChainConfig, ChainState, Member
 from ketten._core.messages import VoteResult
-from ketten._core.replica import AckStatus, AppendPlan, Replica, Role
+from ketten._core.replica import AckStatus, AppendAckData, AppendPlan, Replica, Role
 
 KEY = criterion_key("model")
 AUTHOR = Identity.from_seed(b"\7" * 32)
@@ -156,6 +156,11 @@ class Harness:
 
     def send(self, i: int, j: int) -> None:
         r = self.replicas[i]
+        mark = r.notice(KEYS[j])
+        if mark is not None and self.rng.random() < 0.8:
+            r.noticed(KEYS[j], mark)  # one way: counts as told once sent
+            self.pool.append(("notice", i, j, r.term, mark))
+            return
         plan = r.plan(KEYS[j], max_events=self.rng.randint(1, 4))
         if plan is None:
             return
@@ -243,6 +248,11 @@ class Harness:
             if outcome.ack.status is AckStatus.MISMATCH:
                 locator_match = -1
             self.pool.append(("acked", j, i, plan, outcome.ack, locator_match))
+        elif kind == "notice":
+            _, i, j, term, mark = message
+            store = self.stores[j]
+            held = store[mark[0]].hash if mark[0] < len(store) else None
+            self.replicas[j].on_commit_notice(KEYS[i], term, mark, held)
         elif kind == "acked":
             _, j, i, plan, ack, _ = message
             leader = self.replicas[i]
@@ -410,6 +420,59 @@ def test_a_commit_mark_alone_waits_for_the_flush_a_configuration_does_not() -> N
     outcome = follower.on_append(KEYS[0], 2, (2, events[2].hash), (2, events[2].hash), [],
                                  (2, events[2].hash), (first, second), 0.0, hashes)
     assert outcome.state is not None and outcome.state.term == 2
+
+
+def test_a_commit_mark_sent_alone_is_taken_only_from_the_leader_in_line_for_an_event_held(
+) -> None:
+    first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
+    events = linked_events(3)
+    follower = Replica(KEY, KEYS[1], ChainState(term=1, log_term=1, configs=(first,)),
+                       (2, events[2].hash))
+    hashes = {e.seq: e.hash for e in events}
+    mark = (1, events[1].hash)
+    # Before any append of this term the follower knows no leader.
+    assert follower.on_commit_notice(KEYS[0], 1, mark, events[1].hash) is None
+    follower.on_append(KEYS[0], 1, None, (2, events[2].hash), [], None, (first,), 0.0, hashes)
+    assert follower.leader == KEYS[0]
+    assert follower.on_commit_notice(KEYS[2], 1, mark, events[1].hash) is None  # not the leader
+    assert follower.on_commit_notice(KEYS[0], 2, mark, events[1].hash) is None  # another term
+    assert follower.on_commit_notice(KEYS[0], 1, mark, events[0].hash) is None  # other event
+    assert follower.on_commit_notice(KEYS[0], 1, (5, b"h" * 32), None) is None  # not held
+    assert follower.state.commit is None
+    taken = follower.on_commit_notice(KEYS[0], 1, mark, events[1].hash)
+    assert taken is not None and follower.state.commit == mark
+    # An older mark (a notice overtaken by a newer one) never moves it back.
+    assert follower.on_commit_notice(KEYS[0], 1, (0, events[0].hash), events[0].hash) is None
+    assert follower.state.commit == mark
+    # A follower not yet in line with this leader's term takes none.
+    behind = Replica(KEY, KEYS[2], ChainState(term=1, log_term=0, configs=(first,)),
+                     (2, events[2].hash))
+    behind.role, behind.leader = Role.FOLLOWER, KEYS[0]
+    assert behind.on_commit_notice(KEYS[0], 1, mark, events[1].hash) is None
+
+
+def test_a_leader_sends_a_commit_mark_alone_only_when_that_is_all_it_owes() -> None:
+    first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
+    events = linked_events(4)
+    leader = Replica(KEY, KEYS[0], ChainState(term=2, configs=(first,)), (2, events[2].hash))
+    leader.become_leader(0.0)
+    assert leader.notice(KEYS[1]) is None  # not in line yet: it is owed a probe
+    plan = leader.plan(KEYS[1])
+    assert plan is not None
+    leader.sent(plan)
+    seq, _ = leader.on_append_ack(KEYS[1], plan, AppendAckData(
+        AckStatus.OK, 2, 2, (2, events[2].hash), 1), 1.0)
+    assert seq == 2
+    leader.commit_to((2, events[2].hash))
+    assert leader.notice(KEYS[2]) is None  # never heard from
+    assert leader.notice(KEYS[1]) == (2, events[2].hash)
+    leader.noticed(KEYS[1], (2, events[2].hash))
+    assert leader.notice(KEYS[1]) is None and leader.plan(KEYS[1]) is None
+    # Owed events go in an append (which carries the mark), never in a notice.
+    leader.local_appended((3, events[3].hash))
+    assert leader.notice(KEYS[1]) is None
+    plan = leader.plan(KEYS[1])
+    assert plan is not None and (plan.first, plan.last) == (3, 3)
 
 
 def test_votes_are_given_once_per_term_and_only_to_the_up_to_date() -> None:

@@ -30,6 +30,7 @@ __all__ = [
     "AppendAck",
     "AppendItem",
     "AppendReply",
+    "CommitNotice",
     "CommitQuery",
     "CommitReply",
     "Digest",
@@ -377,6 +378,42 @@ class AppendItem:
                    _pos(m, "s", where), _pos(m, "p", where),
                    _items(m, "e", where, _event_bytes, limit=MAX_EVENTS),
                    _pos(m, "k", where), configs, genesis)
+
+
+@attrs.frozen
+class CommitNotice:
+    """One-way, the leader of ``term`` to a member in line with it: ``commit`` of
+    ``criterion`` is committed. Sent alone, without an answer, when a commit mark
+    is all the member is owed (it holds the events); a lost one is carried by the
+    next append or found by anti-entropy."""
+
+    SERVICE: ClassVar[str] = "commit-notice"
+
+    items: tuple[tuple[bytes, int, Pos], ...]
+    """``(criterion, term, commit)`` per chain."""
+
+    def to_wire(self) -> Any:
+        return {"i": [[c, t, encode_pos(p)] for c, t, p in self.items]}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> CommitNotice:
+        m = _map(body, "commit notice")
+        items = _items(m, "i", "commit notice", _notice_item, nonempty=True)
+        if len({c for c, _, _ in items}) != len(items):
+            raise DecodeError("one item per chain", where="commit notice")
+        return cls(items)
+
+
+def _notice_item(value: Any, where: str) -> tuple[bytes, int, Pos]:
+    if type(value) is not list or len(value) != 3:
+        raise DecodeError("expected [criterion, term, commit]", where=where)
+    term = value[1]
+    if type(term) is not int or not 1 <= term <= MAX_UINT:
+        raise DecodeError("term must be a positive integer", where=where)
+    pos = decode_pos(value[2], where=where)
+    if pos is None:
+        raise DecodeError("the commit must not be null", where=where)
+    return _key(value[0], where), term, pos
 
 
 @attrs.frozen

@@ -404,6 +404,21 @@ class Replica:
         return AppendAckData(status, self.state.term, self.state.log_term, self.head,
                              self.state.epoch, self.state.commit, reason)
 
+    def on_commit_notice(self, sender: bytes, term: int, commit: Pos,
+                         held: bytes | None) -> ChainState | None:
+        """A commit mark the leader sent alone (``held``: our hash at its seq, if
+        we hold one). Taken only from the leader we follow in its term, with our
+        chain in line with it, and only for an event we hold: the hash chain
+        then makes everything up to it the committed prefix. Returns the new
+        state (the commit moved) or ``None``."""
+        st = self.state
+        if (self.role is not Role.FOLLOWER or self.leader != sender or term != st.term
+                or st.log_term != term or held != commit[1]):
+            return None
+        if st.commit is not None and st.commit[0] >= commit[0]:
+            return None
+        return self._evolve(commit=commit)
+
     def on_commit_learned(self, commit: Pos) -> ChainState | None:
         """A commit position learned elsewhere (a peer holding the same events)."""
         if self.head is None or commit[0] > self.head[0]:
@@ -592,6 +607,23 @@ class Replica:
             return True
         head_seq = -1 if self.head is None else self.head[0]
         return p.match < head_seq or p.epoch < self.state.epoch or p.acked_round < self.round
+
+    def notice(self, member: bytes) -> Pos | None:
+        """The commit mark ``member`` is owed, when that is all it is owed and it
+        holds the events up to it in this term (see :meth:`on_commit_notice`):
+        sent alone and unanswered, it counts as told once :meth:`noticed`."""
+        p = self.progress.get(member)
+        commit = self.state.commit
+        if (self.role is not Role.LEADER or p is None or p.inflight or not p.synced
+                or commit is None or p.commit_sent >= commit[0] or p.match < commit[0]
+                or self.urgent(member)):
+            return None
+        return commit
+
+    def noticed(self, member: bytes, commit: Pos) -> None:
+        p = self.progress.get(member)
+        if p is not None:
+            p.commit_sent = max(p.commit_sent, commit[0])
 
     def sent(self, plan: AppendPlan) -> None:
         p = self.progress.get(plan.member)

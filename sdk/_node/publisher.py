@@ -82,7 +82,9 @@ class Publisher:
     """The node's ``max_event_size``: a bigger event is refused before it is sent."""
     _turns: trio.Semaphore = attrs.field(init=False)
     _heads: OrderedDict[bytes, Pos] = attrs.field(factory=OrderedDict, init=False)
-    _built: OrderedDict[bytes, PublishAttempt] = attrs.field(factory=OrderedDict, init=False)
+    _built: OrderedDict[bytes, int] = attrs.field(factory=OrderedDict, init=False)
+    """The call (its number) that built each recent event."""
+    _calls: int = attrs.field(default=0, init=False)
     _events: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(_log), init=False)
     """Events built lately, by the call that built them."""
     _offers: Coalescer[Member, OfferItem, OfferAnswer] = attrs.field(init=False)
@@ -119,6 +121,8 @@ class Publisher:
     ) -> Event:
         """Publish once this call's turn came (see :attr:`max_publishing`)."""
         async with self._turns:
+            self._calls += 1
+            call = self._calls
             now = trio.current_time()
             known = self._heads.get(criterion)
             if known is not None and (base is None or known[0] > base[0]):
@@ -161,7 +165,7 @@ class Publisher:
                         raise UsageError(
                             f"criterion {criterion.hex()[:16]} already has a genesis; writers can "
                             "only be declared by the first event of a chain")
-                    built = self._build(attempt, identity, criterion, action.seq, action.prev,
+                    built = self._build(call, identity, criterion, action.seq, action.prev,
                                         payload, command, writers)
                     size = len(built.to_bytes())
                     if size > self.max_event_size:
@@ -198,10 +202,10 @@ class Publisher:
                             self.sets.forget(criterion)  # the chain moved: ask again next time
                     attempt.answered(action.target, reply, event, trio.current_time())
 
-    def _build(self, attempt: PublishAttempt, identity: Identity, criterion: bytes, seq: int,
+    def _build(self, call: int, identity: Identity, criterion: bytes, seq: int,
                prev: bytes | None, payload: bytes, command: int | None,
                writers: Sequence[bytes] | None) -> Event:
-        """A new event for ``attempt``, never the very event another call built: two
+        """A new event for publish call number ``call``, never the very event another call built: two
         calls with the same content in the same millisecond would otherwise be one
         event, acknowledged to both (a later millisecond tells them apart)."""
         time = self.now_ms()
@@ -211,10 +215,10 @@ class Publisher:
                                  payload=payload, time=time, command=command, clock=clock,
                                  writers=writers if seq == 0 else None)
             owner = self._built.get(event.hash)
-            if owner is None or owner is attempt or command is not None:
+            if owner is None or owner == call or command is not None:
                 break
             time += 1
-        self._built[event.hash] = attempt
+        self._built[event.hash] = call
         while len(self._built) > _MAX_BUILT:
             self._built.popitem(last=False)
         return event

@@ -36,6 +36,7 @@ from .._core.messages import (
     AppendAck,
     AppendItem,
     AppendReply,
+    CommitNotice,
     CommitQuery,
     Digest,
     DigestReply,
@@ -205,6 +206,8 @@ class ReplicationStatistics:
     elections_lost: int
     appends_sent: int
     append_requests: int
+    commit_notices: int
+    """Commit marks sent alone, one way (a follower owed nothing else)."""
     events_synced: int
     forks_resolved: int
     events_orphaned: int
@@ -282,13 +285,14 @@ class Replicator:
     def __attrs_post_init__(self) -> None:
         self._watch_moves = MoveWatch(self.options.hysteresis)
         self._counts = dict.fromkeys(
-            ("elections_won", "elections_lost", "appends_sent", "append_requests",
+            ("elections_won", "elections_lost", "appends_sent", "append_requests", "commit_notices",
              "events_synced", "forks_resolved", "reconfigurations", "anti_entropy_rounds",
              "full_rounds", "digests_sent", "peer_failures", "chains_yielded", "recoveries", "quarantines"), 0)
         self.rpc.serve(Append, self._serve_append)
         self.rpc.serve(Vote, self._serve_vote)
         self.rpc.serve(Digest, self._serve_digest)
         self.rpc.serve_messages("elect", self._take_elect)
+        self.rpc.serve_messages(CommitNotice.SERVICE, self._take_commit_notice)
         self.chains.on_appended(self._appended)
         self.chains.on_orphaned(self._orphaned)
 
@@ -1162,10 +1166,17 @@ class Replicator:
         budget = self.options.batch_bytes
         items: list[AppendItem] = []
         plans: list[tuple[Replica, AppendPlan]] = []
+        notices: list[tuple[Replica, Pos]] = []
         for criterion in outbox.take():
             replica = self._replicas.get(criterion)
-            plan = replica.plan(key) if replica is not None and replica.is_leader else None
-            if replica is None or plan is None:
+            if replica is None or not replica.is_leader:
+                continue
+            mark = replica.notice(key)
+            if mark is not None:
+                notices.append((replica, mark))
+                continue
+            plan = replica.plan(key)
+            if plan is None:
                 continue
             built = await self._build(replica, plan, max(budget, 1))
             if built is None:
@@ -1175,6 +1186,8 @@ class Replicator:
             replica.sent(plan)
             items.append(item)
             plans.append((replica, plan))
+        if notices:
+            await self._send_notices(key, outbox, notices)
         if not items:
             return
         self._counts["append_requests"] += 1
@@ -1198,6 +1211,34 @@ class Replicator:
         outbox.answered(len(plans), sum(1 for r, _ in plans
                                         if acks.get(r.criterion) is None
                                         or acks[r.criterion].status == "refused"))
+
+    async def _send_notices(self, key: bytes, outbox: Outbox,
+                            notices: list[tuple[Replica, Pos]]) -> None:
+        """Commit marks alone go one way: no answer to wait for, nothing to send back."""
+        notice = CommitNotice(tuple((r.criterion, r.state.term, mark) for r, mark in notices))
+        try:
+            await self.rpc.notify(self.sets.address(outbox.member), CommitNotice.SERVICE,
+                                  notice.to_wire())
+        except KettenError as exc:
+            _log.debug("commit notice to %s failed: %s", outbox.member.address, exc)
+            self._counts["peer_failures"] += 1
+            outbox.failed([r.criterion for r, _ in notices if r.is_leader])
+            return
+        self._counts["commit_notices"] += len(notices)
+        for replica, mark in notices:
+            replica.noticed(key, mark)
+
+    async def _take_commit_notice(self, peer: Peer, body: Any) -> None:
+        for criterion, term, commit in CommitNotice.from_wire(body).items:
+            # Only a chain in memory: a notice never loads one (it cannot concern a
+            # chain this node has not followed lately).
+            replica = self._replicas.get(criterion)
+            if replica is None or replica.leader != peer.public_key:
+                continue
+            async with self.chains.lock(criterion):
+                held = await self.chains.hash_at(criterion, commit[0])
+                if replica.on_commit_notice(peer.public_key, term, commit, held) is not None:
+                    self._commit_learned(criterion, commit)
 
     async def _build(self, replica: Replica, plan: AppendPlan,
                      budget: int) -> tuple[AppendItem, AppendPlan] | None:
