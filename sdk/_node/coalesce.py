@@ -75,6 +75,9 @@ class Coalescer(Generic[Dest, Item, Answer]):
                 used = 0
             batches[-1].append(slot)
             used += cost
+        if len(batches) == 1:
+            await self._send(dest, batches[0])
+            return
         async with trio.open_nursery() as nursery:
             for batch in batches:
                 nursery.start_soon(self._send, dest, batch)
