@@ -4,13 +4,14 @@ A tiny harness plays the driver: five replicas of one chain, each with a
 list of events as its store and a "disk" for its durable state, and a pool
 of messages in flight that are delivered in any order, dropped or
 duplicated. Random steps elect, propose, change configurations, restart
-replicas and deliver messages (appends, and commit marks sent alone); after every step the harness checks Raft's
-safety properties:
+replicas and deliver messages (appends, and commit marks sent alone); after
+every step the harness checks Raft's safety properties:
 
 * at most one leader per term;
 * a position once committed is committed with one event only;
 * every new leader holds every committed event (leader completeness);
-* no replica ever cuts a committed event it holds.
+* no replica ever cuts a committed event it holds;
+* a replica's commit mark names an event it holds.
 
 At the end the network heals and every replica must agree with the leader
 up to the commit.
@@ -299,9 +300,14 @@ class Harness:
             self.reconfigure(rng.randrange(n))
         else:
             self.restart(rng.randrange(n))
-        for r, disk in zip(self.replicas, self.disks, strict=True):
+        for i, r in enumerate(self.replicas):
             self.note_commit(r.state.commit)
-            del disk
+            commit, store = r.state.commit, self.stores[i]
+            # A replica's commit mark names an event it holds.
+            if commit is not None and (commit[0] >= len(store)
+                                       or store[commit[0]].hash != commit[1]):
+                self.violations.append(f"replica {i} marks seq {commit[0]} committed "
+                                       "without holding that event")
 
     def settle(self) -> None:
         """Heal: deliver everything, elect one leader, bring everyone in line."""

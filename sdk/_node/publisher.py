@@ -83,10 +83,9 @@ class Publisher:
     _turns: trio.Semaphore = attrs.field(init=False)
     _heads: OrderedDict[bytes, Pos] = attrs.field(factory=OrderedDict, init=False)
     _built: OrderedDict[bytes, int] = attrs.field(factory=OrderedDict, init=False)
-    """The call (its number) that built each recent event."""
+    """Events built lately, by the number of the call that built them."""
     _calls: int = attrs.field(default=0, init=False)
     _events: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(_log), init=False)
-    """Events built lately, by the call that built them."""
     _offers: Coalescer[Member, OfferItem, OfferAnswer] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -205,9 +204,10 @@ class Publisher:
     def _build(self, call: int, identity: Identity, criterion: bytes, seq: int,
                prev: bytes | None, payload: bytes, command: int | None,
                writers: Sequence[bytes] | None) -> Event:
-        """A new event for publish call number ``call``, never the very event another call built: two
-        calls with the same content in the same millisecond would otherwise be one
-        event, acknowledged to both (a later millisecond tells them apart)."""
+        """A new event for publish call number ``call``, never the very event another
+        call built: two calls with the same content in the same millisecond would
+        otherwise be one event, acknowledged to both (a later millisecond tells them
+        apart)."""
         time = self.now_ms()
         clock = self.clock()
         while True:
