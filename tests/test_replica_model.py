@@ -383,12 +383,17 @@ def linked_events(count: int) -> list[Event]:
     return events
 
 
-def test_a_follower_in_a_new_term_is_cut_back_to_the_leaders_start() -> None:
+def follower_in_line(count: int) -> tuple[ChainConfig, list[Event], Replica, dict[int, bytes]]:
+    """A follower of term 1 holding ``count`` linked events, in line with that term."""
     first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
-    events = linked_events(4)
+    events = linked_events(count)
     follower = Replica(KEY, KEYS[1], ChainState(term=1, log_term=1, configs=(first,)),
-                       (3, events[3].hash))
-    hashes = {e.seq: e.hash for e in events}
+                       (count - 1, events[-1].hash))
+    return first, events, follower, {e.seq: e.hash for e in events}
+
+
+def test_a_follower_in_a_new_term_is_cut_back_to_the_leaders_start() -> None:
+    first, events, follower, hashes = follower_in_line(4)
     start = (1, events[1].hash)
     # The new leader's start is seq 1: seqs 2 and 3 were never committed.
     outcome = follower.on_append(KEYS[0], 2, start, start, [], None, (first,), 0.0, hashes)
@@ -404,11 +409,8 @@ def test_a_follower_in_a_new_term_is_cut_back_to_the_leaders_start() -> None:
 
 
 def test_a_commit_mark_alone_waits_for_the_flush_a_configuration_does_not() -> None:
-    first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
-    events = linked_events(3)
-    follower = Replica(KEY, KEYS[1], ChainState(term=1, log_term=1, configs=(first,)),
-                       (1, events[1].hash))
-    hashes = {e.seq: e.hash for e in events}
+    first, events, follower, hashes = follower_in_line(3)
+    follower.head = (1, events[1].hash)  # seq 2 is yet to come
     # In line with the leader: an append that moves only the commit mark is
     # acknowledged without a write of the state; the mark moved in memory.
     outcome = follower.on_append(KEYS[0], 1, None, (1, events[1].hash), [events[2]],
@@ -430,11 +432,7 @@ def test_a_commit_mark_alone_waits_for_the_flush_a_configuration_does_not() -> N
 
 def test_a_commit_mark_sent_alone_is_taken_only_from_the_leader_in_line_for_an_event_held(
 ) -> None:
-    first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
-    events = linked_events(3)
-    follower = Replica(KEY, KEYS[1], ChainState(term=1, log_term=1, configs=(first,)),
-                       (2, events[2].hash))
-    hashes = {e.seq: e.hash for e in events}
+    first, events, follower, hashes = follower_in_line(3)
     mark = (1, events[1].hash)
     # Before any append of this term the follower knows no leader.
     assert follower.on_commit_notice(KEYS[0], 1, mark, events[1].hash) is None
