@@ -10,7 +10,8 @@ A debt is *lazy* when it is only a commit mark: the peer holds the events
 and loses nothing by learning of their commit a little later. A lazy debt
 waits up to ``lazy_delay`` for the next request the peer is owed anyway and
 rides along (as Raft carries its commit index on the next append), so one
-publish costs one request per follower instead of two.
+publish costs one request per follower instead of a request and a one-way
+commit notice (see :meth:`~ketten._core.replica.Replica.notice`).
 """
 
 from __future__ import annotations

@@ -125,8 +125,9 @@ class ReplicationOptions:
     """How often commit marks are written."""
     commit_notice: float = 0.0
     """How long a leader may hold back telling a follower of a commit, waiting for the
-    next append to it to carry the news (0, the default: tell at once, one more
-    request each; a follower that must confirm commits itself then learns them late)."""
+    next append to it to carry the news (0, the default: tell at once, in a one-way
+    commit notice each; a follower that must confirm commits itself then learns them
+    late)."""
     catch_up_limit: float = 120.0
     """How long new members may take to catch up before a move is tried again."""
     creation_memory: float = 600.0
