@@ -32,6 +32,8 @@ from ketten._core.messages import (
     Offer,
     OfferAnswer,
     OfferItem,
+    Ping,
+    Pong,
     Route,
     Vote,
     VoteItem,
@@ -435,7 +437,7 @@ def test_messages_round_trip(config: ChainConfig, term: int, pos: object,
         Fetch(KEY, pos, 1000, False),  # type: ignore[arg-type]
         Locate((KEY,)),
         Digest((b"\0" * 16,) * 16, (1, 2), ((KEY, 1, 5),)),
-        Handover(), Handover(KEY),
+        Handover(), Handover(KEY), Ping(),
     ]
     if pos is not None:
         samples.append(CommitNotice(((KEY, term + 1, pos), (b"k" * 32, 1, pos))))  # type: ignore[arg-type]
@@ -443,7 +445,8 @@ def test_messages_round_trip(config: ChainConfig, term: int, pos: object,
         assert type(message).from_wire(message.to_wire()) == message
     replies = [OfferAnswer(Answer.REDIRECT, route=route_), LocateReply((route_, None), (True, False)),
                LocateReply((route_,), (False,), (True,)), HandoverReply(tuple(sorted((b"a" * 32, KEY))), True),
-               AppendAck(KEY, "ok", term, term, pos, 1, pos, (), "", genesis)]  # type: ignore[arg-type]
+               AppendAck(KEY, "ok", term, term, pos, 1, pos, (), "", genesis),  # type: ignore[arg-type]
+               Pong()]
     for reply in replies:
         assert type(reply).from_wire(reply.to_wire()) == reply
 
@@ -454,12 +457,13 @@ def test_messages_round_trip(config: ChainConfig, term: int, pos: object,
                     lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(st.text(max_size=3), inner, max_size=4), max_leaves=12))
 def test_message_decoders_raise_only_decode_errors(body: object) -> None:
-    for kind in (Offer, Append, Vote, CommitQuery, Fetch, Locate, Digest, Handover, CommitNotice):
+    for kind in (Offer, Append, Vote, CommitQuery, Fetch, Locate, Digest, Handover, CommitNotice,
+                 Ping):
         try:
             kind.from_wire(body)
         except DecodeError:
             pass
-    for reply in (OfferAnswer, LocateReply, AppendAck, HandoverReply):
+    for reply in (OfferAnswer, LocateReply, AppendAck, HandoverReply, Pong):
         try:
             reply.from_wire(body)
         except DecodeError:
@@ -683,6 +687,21 @@ def test_made_up_keys_that_only_send_requests_never_push_out_nodes_that_answered
     assert len(known) == 6
     target = criterion_key("near")
     assert {m.key for m in known.nearest(target, 10, since=0.0)} >= set(answered)
+
+
+def test_a_refuted_claim_is_forgotten_but_a_node_that_answered_is_kept() -> None:
+    from ketten._core.acquaintances import Acquaintances
+
+    known = Acquaintances()
+    claimant, answered = (Identity.from_seed(bytes([i]) * 32).public_key for i in (1, 2))
+    known.saw(claimant, "n:claimed", 1.0, reached=False)
+    known.saw(answered, "n:real", 1.0)
+    assert known.answered_at(claimant) is None and known.answered_at(answered) == "n:real"
+    assert not known.refute(claimant, "n:elsewhere")  # not the address it claimed
+    assert not known.refute(answered, "n:real")  # it answered there: kept
+    assert known.refute(claimant, "n:claimed")
+    assert known.last_seen(claimant) is None and known.last_seen(answered) == 1.0
+    assert [m.key for m in known.nearest(criterion_key("k"), 5, since=0.0)] == [answered]
 
 
 def test_rate_limit_gives_a_burst_then_a_rate_per_key_and_forgets_the_oldest_key() -> None:

@@ -18,7 +18,11 @@ node: forgetting them would let it start a second chain); an answer moves an
 entry to the address that answered, and a claimed address never replaces
 one that answered. Nodes known only by their requests are kept apart, with
 their own bound: a peer that makes up many keys can push out other claims,
-never the nodes that answered.
+never the nodes that answered. The node pings a claimed address once, right
+after the claim (an honest node is there then): an answer moves the node to
+the answered tier, and a claim nobody answers for is forgotten
+(:meth:`Acquaintances.refute`), so a peer claiming an address that is not
+its own cannot hold back the creation of chains near its key.
 """
 
 from __future__ import annotations
@@ -65,6 +69,20 @@ class Acquaintances:
         tier.move_to_end(key)
         while len(tier) > self.capacity:
             tier.popitem(last=False)
+
+    def answered_at(self, key: bytes) -> str | None:
+        """The address ``key`` last answered at, if it ever answered."""
+        known = self._answered.get(key)
+        return None if known is None else known[0]
+
+    def refute(self, key: bytes, address: str) -> bool:
+        """``address``, claimed by ``key``, did not answer as ``key`` right after the
+        claim: forget the claim (a node that answered is kept). ``True`` if forgotten."""
+        known = self._claimed.get(key)
+        if known is None or known[0] != address:
+            return False
+        del self._claimed[key]
+        return True
 
     def last_seen(self, key: bytes) -> float | None:
         known = self._answered.get(key) or self._claimed.get(key)

@@ -45,6 +45,8 @@ __all__ = [
     "OfferAnswer",
     "OfferItem",
     "OfferReply",
+    "Ping",
+    "Pong",
     "Request",
     "Route",
     "Vote",
@@ -641,6 +643,35 @@ class CommitQuery(Request):
         m = _map(body, "commit")
         return cls(_key(_get(m, "c", "commit"), "commit.c"),
                    _bool(m, "u", "commit") if "u" in m else False)
+
+
+@attrs.frozen
+class Pong:
+    """The answer to a :class:`Ping` (nothing but the answer itself)."""
+
+    def to_wire(self) -> Any:
+        return {}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> Pong:
+        _map(body, "pong")
+        return cls()
+
+
+@attrs.frozen
+class Ping(Request):
+    """Answer at the address you claimed: the answer proves that address is yours."""
+
+    SERVICE: ClassVar[str] = "ping"
+    Reply: ClassVar[type[Any]] = Pong
+
+    def to_wire(self) -> Any:
+        return {}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> Ping:
+        _map(body, "ping")
+        return cls()
 
 
 @attrs.frozen

@@ -127,9 +127,7 @@ class Node:
                                         config.replication, local_route, config.request_timeout,
                                         lambda: self.nursery,
                                         memory=self._options.creation_memory)
-        acquaintances = sets.acquaintances
-        self._rpc.seen = lambda peer, reached: acquaintances.saw(
-            peer.public_key, peer.address, trio.current_time(), reached=reached)
+        self._rpc.seen = sets.heard
         self._rpc.damaged = self._damaged
         replicator = self._replicator = Replicator(self._member, self._rpc, chains, sets,
                                                    self._options, self._rng)

@@ -23,11 +23,12 @@ import attrs
 import trio
 
 from .._core.acquaintances import Acquaintances
+from .._core.claims import AddressClaims
 from .._core.handover import HandoverState
 from .._core.membership import ChainConfig, Member, majority
-from .._core.messages import MAX_BATCH, Handover, Locate, Route
+from .._core.messages import MAX_BATCH, Handover, Locate, Ping, Pong, Route
 from .._core.pacing import Hedge
-from ..errors import KettenError, QuorumUnavailable
+from ..errors import KettenError, QuorumUnavailable, UsageError
 from ..interfaces import Overlay, Peer
 from .coalesce import Coalescer
 from .rpc import Rpc, guarded
@@ -137,10 +138,48 @@ class ReplicaSets:
     """Who handed this node the chains near it, whom to ask next (see :meth:`settle`)."""
     _want: trio.Event = attrs.field(factory=trio.Event, init=False)
     _hedge: Hedge = attrs.field(init=False)
+    _claims: AddressClaims = attrs.field(factory=lambda: AddressClaims(max_checks=32),
+                                         init=False)
+    _refuted: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
         self._locates = Coalescer(self._send_locate, self.nursery, MAX_BATCH)
         self._hedge = Hedge(floor=min(0.25, self.timeout / 8), cap=self.timeout / 4)
+        self.rpc.serve(Ping, self._serve_ping)
+
+    async def _serve_ping(self, peer: Peer, request: Ping) -> Pong:
+        return Pong()
+
+    def heard(self, peer: Peer, reached: bool) -> None:
+        """``peer`` sent an authenticated request (``reached``: an answer to one sent
+        to its address). A node first heard from through its own request is
+        remembered at the address it claims, and that address is pinged once: the
+        answer proves it, and a claim nobody answers for is forgotten."""
+        key, address, now = peer.public_key, peer.address, self.now()
+        node_id = int.from_bytes(peer.node_id, "big")
+        if reached:
+            self._claims.prove(node_id, address)
+        elif self._claims.refuted(node_id, address, now):
+            return  # a claim found false a moment ago: not remembered again
+        self.acquaintances.saw(key, address, now, reached=reached)
+        if (not reached and self.acquaintances.answered_at(key) is None
+                and self._claims.check(node_id, address, now)):
+            try:
+                self.nursery().start_soon(self._check_claim, peer)
+            except UsageError:  # the node is closing
+                self._claims.checked(node_id, address)
+
+    async def _check_claim(self, peer: Peer) -> None:
+        node_id = int.from_bytes(peer.node_id, "big")
+        try:
+            await self.rpc.call(peer.address, Ping(), timeout=self.timeout / 2,
+                                retransmit=True, expect=peer.public_key)
+        except KettenError:
+            self._claims.refute(node_id, peer.address, self.now())
+            if self.acquaintances.refute(peer.public_key, peer.address):
+                self._refuted += 1
+        finally:
+            self._claims.checked(node_id, peer.address)
 
     async def _send_locate(self, member: Member, criteria: list[bytes]) -> list[Located]:
         sent = self.now()
@@ -231,6 +270,11 @@ class ReplicaSets:
     def lookups(self) -> int:
         """Network lookups made (misses of the cache the routing table could not answer)."""
         return self._lookups
+
+    @property
+    def claims_refuted(self) -> int:
+        """Claimed addresses that did not answer as the node that claimed them."""
+        return self._refuted
 
     @property
     def near_asks(self) -> int:

@@ -229,6 +229,9 @@ class ReplicationStatistics:
     members (see :meth:`Replicator.quarantine`)."""
     state_writes: int
     lookups: int
+    claims_refuted: int = 0
+    """Peers that claimed an address nobody answered at as them (forgotten, see
+    :class:`ketten.AddressClaims`)."""
 
 
 @attrs.define(eq=False)
@@ -307,6 +310,7 @@ class Replicator:
             events_orphaned=local.events_orphaned,
             state_writes=local.state_writes,
             lookups=self.sets.lookups,
+            claims_refuted=self.sets.claims_refuted,
             **self._counts,
         )
 

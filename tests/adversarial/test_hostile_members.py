@@ -113,3 +113,53 @@ async def test_a_peer_claiming_a_members_address_takes_nothing_from_it() -> None
             assert config is not None
             assert liar.identity.public_key not in config.voter_keys()
         await liar.aclose()
+
+
+async def test_a_kademlia_contact_enters_the_table_only_from_its_own_address() -> None:
+    """A peer whose handshake claims another node's address (or an address nobody
+    answers at) is pinged there first; the node that answers is the one the table
+    takes, at the address it answered. An honest peer heard again is not pinged again.
+    The node forgets the false claims too: they do not hold back new chains near
+    the claimants' keys."""
+    async with AsyncExitStack() as stack:
+        nodes: list[ketten.Node] = []
+        for _ in range(3):
+            boot = [nodes[0].address] if nodes else []
+            config = NodeConfig(identity=Identity.generate(), transport="tcp",
+                                overlay="kademlia", request_timeout=2.0,
+                                options={"overlay": {"bootstrap": boot}})
+            nodes.append(await stack.enter_async_context(open_node(config, plugins=PM)))
+        await trio.sleep(1.0)
+        target, victim = nodes[0], nodes[1]
+        assert target.overlay is not None
+        checked = target.overlay.statistics().claims_checked  # type: ignore[attr-defined]
+        liar = HostilePeer(target.address, claimed=victim.address)
+        nowhere = HostilePeer(target.address, claimed="127.0.0.1:9")  # nobody listens there
+        for _ in range(3):
+            for peer in (liar, nowhere):
+                kind, _body = await peer.request("kad", {"op": "ping"}, timeout=5)
+                assert kind == "reply"
+        await trio.sleep(2.0)
+        table = {c.peer.public_key: c.peer.address
+                 for c in target.overlay.table.contacts()}  # type: ignore[attr-defined]
+        assert liar.identity.public_key not in table
+        assert nowhere.identity.public_key not in table
+        assert table[victim.identity.public_key] == victim.address
+        # One ping per claim, however often it is repeated.
+        assert target.overlay.statistics().claims_checked == checked + 2  # type: ignore[attr-defined]
+        for node in nodes[1:]:
+            await node.overlay.closest(criterion_key("again"), 3)  # type: ignore[union-attr]
+        assert target.overlay.statistics().claims_checked == checked + 2  # type: ignore[attr-defined]
+        # A new chain near a false claimant's key is created: the claim was checked
+        # and forgotten, so it does not stand for a node near the key that is silent.
+        honest_ids = [int.from_bytes(n.identity.node_id, "big") for n in nodes]
+        for peer in (liar, nowhere):
+            mine = int.from_bytes(peer.identity.node_id, "big")
+            name = next(f"near-{i}" for i in range(10_000)
+                        if all(mine ^ int.from_bytes(criterion_key(f"near-{i}"), "big")
+                               < h ^ int.from_bytes(criterion_key(f"near-{i}"), "big")
+                               for h in honest_ids))
+            await target.publish(name, b"x", deadline=10)
+        assert target.replication_statistics().claims_refuted == 2
+        for peer in (liar, nowhere):
+            await peer.aclose()

@@ -1,0 +1,100 @@
+"""Which claimed addresses a node has proven, sans-IO.
+
+A peer that sends a request proves its key in the handshake but only
+*claims* the address it listens at: anyone can claim anyone's address. An
+address counts for a node only once a request sent there was answered with
+that node's key. :class:`AddressClaims` remembers the pairs ``(node id,
+address)`` proven that way, so a peer heard again is taken at once, and says
+when a claim heard for the first time is worth one ping to check it: once
+per pair per ``retry_after`` seconds, at most ``max_checks`` at a time, so
+two nodes that cannot keep each other (in a routing table's bucket, say) do
+not ping each other without end, and a flood of claims costs a bounded
+number of pings. The node uses it for the nodes it remembers near keys; an
+overlay may use it for its routing table (the ``kademlia`` plugin does).
+
+Both memories are bounded (least recently used first out).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import attrs
+
+__all__ = ["AddressClaims"]
+
+Pair = tuple[int, str]
+
+
+@attrs.define(eq=False)
+class AddressClaims:
+    """Proven ``(node id, address)`` pairs, and the claims being checked."""
+
+    limit: int = 4096
+    """Pairs remembered, proven and tried each."""
+    retry_after: float = 600.0
+    """Seconds before an unproven claim is checked again."""
+    max_checks: int = 20
+    """Claims checked at the same time."""
+    _proven: OrderedDict[Pair, None] = attrs.field(factory=OrderedDict, init=False)
+    _tried: OrderedDict[Pair, float] = attrs.field(factory=OrderedDict, init=False)
+    _checking: set[Pair] = attrs.field(factory=set, init=False)
+    _refuted: OrderedDict[Pair, float] = attrs.field(factory=OrderedDict, init=False)
+
+    def proven(self, node_id: int, address: str) -> bool:
+        """Whether a request sent to ``address`` was answered with this node's key."""
+        pair = (node_id, address)
+        if pair not in self._proven:
+            return False
+        self._proven.move_to_end(pair)
+        return True
+
+    def prove(self, node_id: int, address: str) -> None:
+        """A request sent to ``address`` was answered with this node's key."""
+        pair = (node_id, address)
+        self._proven[pair] = None
+        self._proven.move_to_end(pair)
+        self._tried.pop(pair, None)
+        self._refuted.pop(pair, None)
+        while len(self._proven) > self.limit:
+            self._proven.popitem(last=False)
+
+    def check(self, node_id: int, address: str, now: float) -> bool:
+        """A claim was heard: ``True`` if the driver should ping ``address`` now
+        (and call :meth:`checked` when the ping ends, answered or not)."""
+        pair = (node_id, address)
+        if pair in self._proven or pair in self._checking:
+            return False
+        if len(self._checking) >= self.max_checks:
+            return False
+        last = self._tried.get(pair)
+        if last is not None and now - last < self.retry_after:
+            return False
+        self._tried[pair] = now
+        self._tried.move_to_end(pair)
+        while len(self._tried) > self.limit:
+            self._tried.popitem(last=False)
+        self._checking.add(pair)
+        return True
+
+    def checked(self, node_id: int, address: str) -> None:
+        """The ping :meth:`check` asked for ended."""
+        self._checking.discard((node_id, address))
+
+    def refute(self, node_id: int, address: str, now: float) -> None:
+        """The ping :meth:`check` asked for found nobody answering there as this node."""
+        pair = (node_id, address)
+        self._refuted[pair] = now
+        self._refuted.move_to_end(pair)
+        while len(self._refuted) > self.limit:
+            self._refuted.popitem(last=False)
+
+    def refuted(self, node_id: int, address: str, now: float) -> bool:
+        """Whether this claim was checked and found false within ``retry_after``."""
+        when = self._refuted.get((node_id, address))
+        return when is not None and now - when < self.retry_after
+
+    @property
+    def checking(self) -> int:
+        """Pings out now."""
+        return len(self._checking)
