@@ -25,10 +25,11 @@ import trio
 from .._core.acquaintances import Acquaintances
 from .._core.claims import AddressClaims
 from .._core.handover import HandoverState
-from .._core.membership import ChainConfig, Member, majority
+from .._core.membership import ChainConfig, Member
 from .._core.messages import MAX_BATCH, Handover, Locate, Ping, Pong, Route
 from .._core.pacing import Hedge
-from ..errors import KettenError, QuorumUnavailable, UsageError
+from .._core.survey import Creation, Located, Survey, conclude, doubt, preference, tally
+from ..errors import KettenError, UsageError
 from ..interfaces import Overlay, Peer
 from .coalesce import Coalescer
 from .rpc import Rpc, guarded
@@ -42,62 +43,10 @@ _Desired = tuple[tuple[Member, ...], frozenset[bytes]]
 """The members the routing table names for a key, and their keys."""
 
 
-@attrs.frozen
-class Survey:
-    """What the nodes near a key said about its chain."""
-
-    route: Route | None
-    """The best route any of them (or this node) knows."""
-    held: bool
-    """Whether any of them holds a copy or a route of the chain."""
-    answered: int
-    """How many of the nodes the overlay named answered (this node counts)."""
-    asked: int
-    """How many nodes the overlay named."""
-    nearest: int
-    """How many make up the ``r`` nearest of all asked (overlay and remembered)."""
-    nearest_answered: int
-    """How many of those answered."""
-    nearby: tuple[Member, ...] = ()
-    """The nodes the overlay named nearest to the key, nearest first."""
-
-
-@attrs.frozen
-class Located:
-    """One node's answer about one chain."""
-
-    route: Route | None
-    """The best route it knows."""
-    held: bool
-    """Whether it holds a copy or a route of the chain."""
-    settled: bool
-    """Whether it has had the hand-over of the chains near it (its "none" counts)."""
-
-
-@attrs.frozen
-class Creation:
-    """Nobody holds the chain: create it on ``members`` (nearest first)."""
-
-    members: tuple[Member, ...]
-
-
 def member_of(peer: Peer) -> Member:
     return Member(peer.public_key, peer.address)
 
 
-def preference(route: Route) -> tuple[bool, int, bytes, int, int, int]:
-    """Sort key of routes, best first: the chain that stays should a criterion have
-    been started twice (the older genesis, then the lower hash: the rule of
-    :func:`~ketten._core.chain.genesis_wins`), then the one that knows the longest
-    committed chain (a configuration that was abandoned before it committed can have
-    a higher epoch than the one in force, never a longer committed chain), then the
-    newest configuration and term."""
-    return (route.genesis is None, route.genesis_time if route.genesis_time is not None
-            else _NEVER, route.genesis or b"", 1 if route.commit is None
-            else -route.commit[0], -route.config.epoch, -route.term)
-
-
-_NEVER = 1 << 64
 
 
 @attrs.define(eq=False)
@@ -413,38 +362,13 @@ class ReplicaSets:
             if near is not None:
                 return near
         found = await self.survey(criterion)
-        if found.route is not None:
-            return found.route
-        cached = self._routes.get(criterion)
-        if cached is not None:
-            # Known to exist, its brokers silent: never start a second chain.
-            return cached
-        if found.held or self.exists(criterion):
-            raise QuorumUnavailable(
-                f"criterion {criterion.hex()[:16]} exists, but none of its brokers could be "
-                "found or reached")
-        members = list(found.nearby[: self.replication])
-        if self.overlay is not None and len(members) < self.replication:
-            raise QuorumUnavailable(
-                f"only {len(members)} node(s) are known near criterion {criterion.hex()[:16]}; "
-                f"a new chain needs r = {self.replication} brokers (NodeConfig.replication must "
-                "not exceed the number of nodes in the network)")
-        doubt = self.doubt(criterion, found)
-        if doubt is not None:
-            raise QuorumUnavailable(doubt)
-        return Creation(tuple(members))
+        return conclude(criterion, found, known=self._routes.get(criterion),
+                        exists=self.exists(criterion), replication=self.replication,
+                        overlay=self.overlay is not None, memory=self.memory)
 
     def doubt(self, criterion: bytes, found: Survey) -> str | None:
         """Why ``found`` cannot tell that the chain does not exist (``None``: it can)."""
-        if found.answered < majority(min(found.asked, self.replication) or 1):
-            return (f"only {found.answered} of the {found.asked} nodes nearest to criterion "
-                    f"{criterion.hex()[:16]} answered; whether the chain exists cannot be told")
-        if found.nearest_answered < majority(found.nearest):
-            return (f"only {found.nearest_answered} of the {found.nearest} nodes nearest to "
-                    f"criterion {criterion.hex()[:16]} that this node heard from within the "
-                    f"last {self.memory:g} s answered (the overlay may have lost them to a "
-                    "partition); whether the chain exists cannot be told")
-        return None
+        return doubt(criterion, found, self.replication, self.memory)
 
     async def ask_near(self, criterion: bytes) -> Route | None:
         """The best route the ``r`` nodes the routing table names nearest to
@@ -519,40 +443,20 @@ class ReplicaSets:
         async with trio.open_nursery() as nursery:
             for index, member in enumerate(others):
                 nursery.start_soon(ask, index, member)
-        held = False
-        local = best
-        # Only a node that has had its hand-over can vouch that a chain is absent; one
-        # that answered without it holds no copy (it would say so), so it is left out
-        # of the key's nearest: the nodes behind it must answer instead.
-        answering: set[bytes] = set()
-        unsettled: set[bytes] = set()
-        if own in asked:
-            (answering if self.settled_for(criterion) else unsettled).add(own)
-        for member, result in zip(others, results, strict=True):
-            if result is None:
-                continue
-            (answering if result.settled else unsettled).add(member.key)
-            found = result.route
-            held = held or result.held or found is not None
-            if found is not None and (best is None or preference(found) < preference(best)):
-                best = found
-            if (found is not None and local is not None and found.genesis is not None
-                    and local.genesis is not None and found.genesis != local.genesis):
-                self.rival(criterion, found.genesis, self.address(member), (found.config,))
-        if best is not None:
-            self.learn(criterion, best, fresh=True)
-        elif held:
+        counted = tally(goal=int.from_bytes(criterion, "big"), own=own,
+                        own_settled=own in asked and self.settled_for(criterion), local=best,
+                        nearby=nearby, asked=list(asked.values()),
+                        answers=list(zip(others, results, strict=True)),
+                        replication=self.replication, distance=self.distance)
+        for member, found in counted.rivals:
+            assert found.genesis is not None
+            self.rival(criterion, found.genesis, self.address(member), (found.config,))
+        survey = counted.survey
+        if survey.route is not None:
+            self.learn(criterion, survey.route, fresh=True)
+        elif survey.held:
             self.note_exists(criterion)
-        goal = int.from_bytes(criterion, "big")
-        nearest = sorted((m for m in asked.values() if m.key not in unsettled),
-                         key=lambda m: self.distance(int.from_bytes(m.node_id, "big"),
-                                                     goal))[: self.replication]
-        return Survey(route=best, held=held,
-                      answered=sum(1 for m in nearby if m.key in answering),
-                      asked=len(nearby) or 1,
-                      nearest=len(nearest),
-                      nearest_answered=sum(1 for m in nearest if m.key in answering),
-                      nearby=tuple(nearby))
+        return survey
 
     def members_of(self, route: Route) -> Sequence[Member]:
         return route.config.members()
