@@ -164,6 +164,12 @@ class StaticOverlay:
         member = self._members.get(public_key)
         return None if member is None else member.peer.address
 
+    def admits(self, public_key: bytes) -> bool:
+        """Whether a node with this key is a member: any node in an open network,
+        else one this node took as a member (named by ``admit``, or with a ticket)."""
+        return (self.admission.open or public_key in self.admission.keys
+                or public_key in self._members)
+
     def members(self) -> list[Peer]:
         """Every member this node knows, up or down (not itself)."""
         return [m.peer for m in self._members.values()]

@@ -284,7 +284,12 @@ class Overlay(Protocol):
 
     Closeness is XOR of node id and key unless the overlay has a method
     ``distance(node_id, key) -> int`` (both 32 bytes; smaller is closer), which
-    the node then uses wherever it ranks nodes for a key itself."""
+    the node then uses wherever it ranks nodes for a key itself.
+
+    An overlay whose membership is restricted may have a method
+    ``admits(public_key) -> bool``: the node then remembers near keys (to tell a
+    chain that does not exist from one whose brokers are out of reach) only the
+    peers it admits, so that strangers cannot stand in for absent members."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Join the network, call ``task_status.started()``, then maintain it until cancelled."""

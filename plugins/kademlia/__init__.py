@@ -316,6 +316,10 @@ class KademliaOverlay:
         contact = self._table.get(int.from_bytes(node_id_of(public_key), "big"))
         return None if contact is None else contact.peer.address
 
+    def admits(self, public_key: bytes) -> bool:
+        """Whether a node with this key may join: its id solves the id puzzle."""
+        return puzzle_ok(node_id_of(public_key), self.options.puzzle_difficulty)
+
     def siblings(self) -> list[Peer]:
         """The known nodes closest to this node's id, nearest first (no network traffic)."""
         return [c.peer for c in self._table.siblings()]

@@ -103,8 +103,13 @@ class ReplicaSets:
         """``peer`` sent an authenticated request (``reached``: an answer to one sent
         to its address). A node first heard from through its own request is
         remembered at the address it claims, and that address is pinged once: the
-        answer proves it, and a claim nobody answers for is forgotten."""
+        answer proves it, and a claim nobody answers for is forgotten. A peer the
+        overlay does not admit (see :class:`~ketten.interfaces.Overlay`) is not
+        remembered."""
         key, address, now = peer.public_key, peer.address, self.now()
+        admits = getattr(self.overlay, "admits", None)
+        if callable(admits) and not admits(key):
+            return  # not a member of this network: it stands for nobody near a key
         node_id = int.from_bytes(peer.node_id, "big")
         if reached:
             self._claims.prove(node_id, address)

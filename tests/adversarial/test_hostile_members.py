@@ -40,25 +40,36 @@ async def test_sybils_never_become_members_or_brokers() -> None:
             seeds = [honest[0].address] if honest else []
             honest.append(await stack.enter_async_context(
                 static_node(ident, seeds, admission=ticket, **rules)))
-        sybils = [await stack.enter_async_context(static_node(Identity.generate(),
-                                                              [honest[0].address]))
-                  for _ in range(12)]
-        wrong = Identity.generate()
-        sybils.append(await stack.enter_async_context(static_node(
-            wrong, [honest[1].address],
-            admission=admission_ticket(impostor, wrong.public_key).hex())))
-        await trio.sleep(1.5)
-        keys = {n.identity.public_key for n in honest}
-        for node in honest:
-            assert node.overlay is not None
-            members = {p.public_key for p in node.overlay.members()}
-            assert members == keys - {node.identity.public_key}
-        assert sum(n.overlay.statistics().refused for n in honest) >= 13
-        for i in range(10):
-            key = criterion_key(f"admitted {i}")
-            await honest[i % 3].publish(key, b"only honest brokers")
-            config = await honest[i % 3].configuration(key)
-            assert config is not None and config.voter_keys() <= keys
+        sybil_ids = [Identity.generate() for _ in range(13)]
+        async with AsyncExitStack() as sybil_stack:
+            sybils = [await sybil_stack.enter_async_context(
+                static_node(ident, [honest[0].address])) for ident in sybil_ids[:12]]
+            wrong = sybil_ids[12]
+            sybils.append(await sybil_stack.enter_async_context(static_node(
+                wrong, [honest[1].address],
+                admission=admission_ticket(impostor, wrong.public_key).hex())))
+            await trio.sleep(1.5)
+            keys = {n.identity.public_key for n in honest}
+            for node in honest:
+                assert node.overlay is not None
+                members = {p.public_key for p in node.overlay.members()}
+                assert members == keys - {node.identity.public_key}
+            assert sum(n.overlay.statistics().refused for n in honest) >= 13
+            for i in range(10):
+                key = criterion_key(f"admitted {i}")
+                await honest[i % 3].publish(key, b"only honest brokers")
+                config = await honest[i % 3].configuration(key)
+                assert config is not None and config.voter_keys() <= keys
+        # The sybils are gone. They stand for nobody near a key: new chains near
+        # their keys are created on the honest members.
+        honest_ids_int = [int.from_bytes(n.identity.node_id, "big") for n in honest]
+        for ident in sybil_ids[:4]:
+            mine = int.from_bytes(ident.node_id, "big")
+            name = next(f"sybil-near-{i}" for i in range(10_000)
+                        if all(mine ^ int.from_bytes(criterion_key(f"sybil-near-{i}"), "big")
+                               < h ^ int.from_bytes(criterion_key(f"sybil-near-{i}"), "big")
+                               for h in honest_ids_int))
+            await honest[0].publish(name, b"near a sybil", deadline=10)
 
 
 def test_admission_rules() -> None:
