@@ -15,11 +15,11 @@ S/Kademlia: only the authenticated sender of a request or reply (the
 answers are only lookup candidates until they answer themselves. A request's
 sender has proven its key but only claims its address: it enters the table
 once a request sent to that address was answered with its key (one ping per
-new claim, see :class:`ketten.AddressClaims`), so no peer can place itself, or anyone, at
-another node's address. An optional
-static puzzle (``puzzle_difficulty`` leading zero bits of ``H(H(pubkey))``)
-makes ids expensive; the TCP transport reads the same option and refuses
-peers that do not solve it. Lookups can run over ``paths`` disjoint paths.
+new claim, see :class:`ketten.AddressClaims`), so no peer can place itself,
+or anyone, at another node's address. An optional static puzzle
+(``puzzle_difficulty`` leading zero bits of ``H(H(pubkey))``) makes ids
+expensive; the TCP transport reads the same option and refuses peers that
+do not solve it. Lookups can run over ``paths`` disjoint paths.
 
 Options (``NodeConfig.options["overlay"]``):
 

@@ -47,8 +47,6 @@ def member_of(peer: Peer) -> Member:
     return Member(peer.public_key, peer.address)
 
 
-
-
 @attrs.define(eq=False)
 class ReplicaSets:
     """Routes to chains, cached; lookups on a miss; the overlay's view for moves."""
