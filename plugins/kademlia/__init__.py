@@ -318,7 +318,8 @@ class KademliaOverlay:
 
     def admits(self, public_key: bytes) -> bool:
         """Whether a node with this key may join: its id solves the id puzzle."""
-        return puzzle_ok(node_id_of(public_key), self.options.puzzle_difficulty)
+        difficulty = self.options.puzzle_difficulty
+        return difficulty <= 0 or puzzle_ok(node_id_of(public_key), difficulty)
 
     def siblings(self) -> list[Peer]:
         """The known nodes closest to this node's id, nearest first (no network traffic)."""
