@@ -85,8 +85,11 @@ class ReplicaSets:
     """Who handed this node the chains near it, whom to ask next (see :meth:`settle`)."""
     _want: trio.Event = attrs.field(factory=trio.Event, init=False)
     _hedge: Hedge = attrs.field(init=False)
-    _claims: AddressClaims = attrs.field(factory=lambda: AddressClaims(max_checks=32),
-                                         init=False)
+    _claims: AddressClaims = attrs.field(
+        factory=lambda: AddressClaims(retry_after=60.0, max_checks=32), init=False)
+    """Claimed addresses proven and refuted. A refuted claim is ignored for a minute,
+    then checked again: a check can fail for an honest node (a partition that began
+    just then), and its requests count again soon."""
     _refuted: int = attrs.field(default=0, init=False)
 
     def __attrs_post_init__(self) -> None:
