@@ -33,7 +33,8 @@ _MESSAGE_TYPES: list[type] = [
     messages.Offer, messages.OfferReply, messages.Append, messages.AppendReply,
     messages.Vote, messages.VoteReply, messages.CommitQuery, messages.CommitReply,
     messages.Fetch, messages.FetchReply, messages.Locate, messages.LocateReply,
-    messages.Digest, messages.DigestReply,
+    messages.Digest, messages.DigestReply, messages.Handover, messages.HandoverReply,
+    messages.CommitNotice, messages.Ping, messages.Pong,
 ]
 
 
