@@ -29,6 +29,17 @@ def test_an_unproven_claim_is_checked_again_only_after_retry_after() -> None:
     assert claims.check(7, "x:1", now=60.0)
 
 
+def test_one_node_has_one_claim_checked_at_a_time() -> None:
+    claims = AddressClaims(max_checks=8)
+    assert claims.check(1, "a:1", now=0.0)
+    assert not claims.check(1, "a:2", now=0.0)  # another address of the same node
+    assert claims.check(2, "a:2", now=0.0)
+    claims.checked(1, "a:9")  # not the check that is out: changes nothing
+    assert not claims.check(1, "a:2", now=0.0)
+    claims.checked(1, "a:1")
+    assert claims.check(1, "a:2", now=0.0)
+
+
 def test_checks_at_the_same_time_are_bounded() -> None:
     claims = AddressClaims(max_checks=3)
     assert [claims.check(n, f"h:{n}", now=0.0) for n in range(5)] == [True] * 3 + [False] * 2
@@ -51,24 +62,32 @@ def test_both_memories_are_bounded_least_recently_used_first() -> None:
     assert claims.check(100, "t", now=1.0)  # pushed out: it may be tried again
 
 
-@given(st.lists(st.tuples(st.sampled_from(["check", "checked", "prove"]),
+@given(st.lists(st.tuples(st.sampled_from(["check", "checked", "prove", "refute"]),
                           st.integers(0, 5), st.sampled_from(["a", "b"]),
                           st.floats(0, 100)), max_size=60))
 def test_a_proven_pair_is_never_pinged_and_checks_stay_bounded(
         steps: list[tuple[str, int, str, float]]) -> None:
     claims = AddressClaims(limit=64, retry_after=10.0, max_checks=4)
     now = 0.0
+    out: set[tuple[int, str]] = set()
     for op, node, address, dt in steps:
         now += dt
         if op == "check":
             was_proven = claims.proven(node, address)
             if claims.check(node, address, now):
                 assert not was_proven
+                assert all(n != node for n, _ in out)  # one check per node
+                out.add((node, address))
         elif op == "checked":
             claims.checked(node, address)
+            out.discard((node, address))
+        elif op == "refute":
+            claims.refute(node, address, now)
+            assert claims.refuted(node, address, now)
         else:
             claims.prove(node, address)
-        assert 0 <= claims.checking <= 4
+            assert claims.proven(node, address) and not claims.refuted(node, address, now)
+        assert claims.checking == len(out) <= 4
 
 
 def test_a_refuted_claim_stays_refuted_for_retry_after_unless_proven() -> None:

@@ -20,9 +20,9 @@ one that answered. Nodes known only by their requests are kept apart, with
 their own bound: a peer that makes up many keys can push out other claims,
 never the nodes that answered. The node pings a claimed address once, right
 after the claim (an honest node is there then): an answer moves the node to
-the answered tier, and a claim nobody answers for is forgotten
+the answered tier, and a claim refused there is forgotten
 (:meth:`Acquaintances.refute`), so a peer claiming an address that is not
-its own cannot hold back the creation of chains near its key.
+its own cannot hold back the creation of chains near its key for long.
 """
 
 from __future__ import annotations
@@ -73,6 +73,11 @@ class Acquaintances:
     def answered_at(self, key: bytes) -> str | None:
         """The address ``key`` last answered at, if it ever answered."""
         known = self._answered.get(key)
+        return None if known is None else known[0]
+
+    def claimed_at(self, key: bytes) -> str | None:
+        """The address ``key`` claimed, if it is known only by its requests."""
+        known = self._claimed.get(key)
         return None if known is None else known[0]
 
     def refute(self, key: bytes, address: str) -> bool:

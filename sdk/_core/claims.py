@@ -6,13 +6,14 @@ address counts for a node only once a request sent there was answered with
 that node's key. :class:`AddressClaims` remembers the pairs ``(node id,
 address)`` proven that way, so a peer heard again is taken at once, and says
 when a claim heard for the first time is worth one ping to check it: once
-per pair per ``retry_after`` seconds, at most ``max_checks`` at a time, so
-two nodes that cannot keep each other (in a routing table's bucket, say) do
-not ping each other without end, and a flood of claims costs a bounded
-number of pings. The node uses it for the nodes it remembers near keys; an
+per pair per ``retry_after`` seconds, one per node and at most
+``max_checks`` at a time, so two nodes that cannot keep each other (in a
+routing table's bucket, say) do not ping each other without end, and a flood
+of claims costs a bounded number of pings. It also remembers the claims a
+check refuted. The node uses it for the nodes it remembers near keys; an
 overlay may use it for its routing table (the ``kademlia`` plugin does).
 
-Both memories are bounded (least recently used first out).
+Every memory is bounded (least recently used first out).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class AddressClaims:
     """Proven ``(node id, address)`` pairs, and the claims being checked."""
 
     limit: int = 4096
-    """Pairs remembered, proven and tried each."""
+    """Pairs remembered: proven, tried and refuted, each."""
     retry_after: float = 600.0
     """Seconds before an unproven claim is checked again."""
     max_checks: int = 20
@@ -39,6 +40,7 @@ class AddressClaims:
     _proven: OrderedDict[Pair, None] = attrs.field(factory=OrderedDict, init=False)
     _tried: OrderedDict[Pair, float] = attrs.field(factory=OrderedDict, init=False)
     _checking: set[Pair] = attrs.field(factory=set, init=False)
+    _checking_ids: set[int] = attrs.field(factory=set, init=False)
     _refuted: OrderedDict[Pair, float] = attrs.field(factory=OrderedDict, init=False)
 
     def proven(self, node_id: int, address: str) -> bool:
@@ -63,8 +65,8 @@ class AddressClaims:
         """A claim was heard: ``True`` if the driver should ping ``address`` now
         (and call :meth:`checked` when the ping ends, answered or not)."""
         pair = (node_id, address)
-        if pair in self._proven or pair in self._checking:
-            return False
+        if pair in self._proven or node_id in self._checking_ids:
+            return False  # proven, or this node's claim (one at a time) is being checked
         if len(self._checking) >= self.max_checks:
             return False
         last = self._tried.get(pair)
@@ -75,11 +77,14 @@ class AddressClaims:
         while len(self._tried) > self.limit:
             self._tried.popitem(last=False)
         self._checking.add(pair)
+        self._checking_ids.add(node_id)
         return True
 
     def checked(self, node_id: int, address: str) -> None:
         """The ping :meth:`check` asked for ended."""
-        self._checking.discard((node_id, address))
+        if (node_id, address) in self._checking:
+            self._checking.discard((node_id, address))
+            self._checking_ids.discard(node_id)
 
     def refute(self, node_id: int, address: str, now: float) -> None:
         """The ping :meth:`check` asked for found nobody answering there as this node."""

@@ -662,7 +662,7 @@ class Pong:
 class Ping(Request):
     """Answer at the address you claimed: the answer proves that address is yours."""
 
-    SERVICE: ClassVar[str] = "ping"
+    SERVICE: ClassVar[str] = "claim-check"
     Reply: ClassVar[type[Any]] = Pong
 
     def to_wire(self) -> Any:

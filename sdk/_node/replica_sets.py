@@ -29,7 +29,7 @@ from .._core.membership import ChainConfig, Member
 from .._core.messages import MAX_BATCH, Handover, Locate, Ping, Pong, Route
 from .._core.pacing import Hedge
 from .._core.survey import Creation, Located, Survey, conclude, doubt, preference, tally
-from ..errors import KettenError, UsageError
+from ..errors import KettenError, RemoteError, UsageError
 from ..interfaces import Overlay, Peer
 from .coalesce import Coalescer
 from .rpc import Rpc, guarded
@@ -103,38 +103,52 @@ class ReplicaSets:
     def heard(self, peer: Peer, reached: bool) -> None:
         """``peer`` sent an authenticated request (``reached``: an answer to one sent
         to its address). A node first heard from through its own request is
-        remembered at the address it claims, and that address is pinged once: the
-        answer proves it, and a claim nobody answers for is forgotten. A peer the
-        overlay does not admit (see :class:`~ketten.interfaces.Overlay`) is not
-        remembered."""
+        remembered at the address it claims while that address is checked with one
+        ping: an answer with its key proves it; a claim refused there (nobody
+        listens, another node answers) is forgotten and ignored for a minute; a
+        check that gets no answer in time leaves the claim remembered (a partition
+        may have begun) and is tried again later. A claim that cannot be checked
+        now (too many checks out, or one of this node's already) is not
+        remembered. A peer the overlay does not admit (see
+        :class:`~ketten.interfaces.Overlay`) is never remembered."""
         key, address, now = peer.public_key, peer.address, self.now()
         admits = getattr(self.overlay, "admits", None)
         if callable(admits) and not admits(key):
             return  # not a member of this network: it stands for nobody near a key
+        known = self.acquaintances
         node_id = int.from_bytes(peer.node_id, "big")
         if reached:
             self._claims.prove(node_id, address)
-        elif self._claims.refuted(node_id, address, now):
-            return  # a claim found false a moment ago: not remembered again
-        self.acquaintances.saw(key, address, now, reached=reached)
-        if (not reached and self.acquaintances.answered_at(key) is None
-                and self._claims.check(node_id, address, now)):
+        elif (known.answered_at(key) is None and known.claimed_at(key) != address
+              and not self._claims.proven(node_id, address)):
+            if self._claims.refuted(node_id, address, now):
+                return  # a claim found false a moment ago: not remembered again
+            if not self._claims.check(node_id, address, now):
+                return
             try:
-                self.nursery().start_soon(self._check_claim, peer)
+                self.nursery().start_soon(guarded, self._check_claim, peer)
             except UsageError:  # the node is closing
                 self._claims.checked(node_id, address)
+                return
+        known.saw(key, address, now, reached=reached)
 
     async def _check_claim(self, peer: Peer) -> None:
         node_id = int.from_bytes(peer.node_id, "big")
+        refused = False
         try:
-            await self.rpc.call(peer.address, Ping(), timeout=self.timeout / 2,
-                                retransmit=True, expect=peer.public_key)
+            with trio.move_on_after(self.timeout / 2):
+                await self.rpc.call(peer.address, Ping(), timeout=self.timeout,
+                                    retransmit=True, expect=peer.public_key)
+        except RemoteError:
+            pass  # something answered there, with an error: proves nothing either way
         except KettenError:
+            refused = True  # refused, or answered by another node
+        finally:
+            self._claims.checked(node_id, peer.address)
+        if refused:
             self._claims.refute(node_id, peer.address, self.now())
             if self.acquaintances.refute(peer.public_key, peer.address):
                 self._refuted += 1
-        finally:
-            self._claims.checked(node_id, peer.address)
 
     async def _send_locate(self, member: Member, criteria: list[bytes]) -> list[Located]:
         sent = self.now()

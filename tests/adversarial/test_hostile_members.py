@@ -29,6 +29,31 @@ async def static_node(identity: Identity, seeds: list[str],
         yield node
 
 
+def close_pair() -> tuple[Identity, Identity]:
+    """Two identities whose node ids share their first byte: some keys have both as
+    their two nearest nodes."""
+    first: dict[int, Identity] = {}
+    while True:
+        ident = Identity.generate()
+        other = first.setdefault(ident.node_id[0], ident)
+        if other is not ident:
+            return other, ident
+
+
+def names_nearest_to(strangers: list[Identity], honest: list[Identity],
+                     count: int) -> list[str]:
+    """``count`` criterion names whose two nearest nodes (by XOR) are strangers."""
+    ids = {int.from_bytes(i.node_id, "big"): i in strangers for i in strangers + honest}
+    names = []
+    for n in range(100_000):
+        goal = int.from_bytes(criterion_key(f"near-{n}"), "big")
+        if all(ids[node] for node in sorted(ids, key=lambda node: node ^ goal)[:2]):
+            names.append(f"near-{n}")
+            if len(names) == count:
+                return names
+    raise AssertionError("no such names")
+
+
 async def test_sybils_never_become_members_or_brokers() -> None:
     operator, impostor = Identity.generate(), Identity.generate()
     rules = {"operators": [operator.public_key.hex()]}
@@ -60,16 +85,10 @@ async def test_sybils_never_become_members_or_brokers() -> None:
                 await honest[i % 3].publish(key, b"only honest brokers")
                 config = await honest[i % 3].configuration(key)
                 assert config is not None and config.voter_keys() <= keys
-        # The sybils are gone. They stand for nobody near a key: new chains near
-        # their keys are created on the honest members.
-        honest_ids_int = [int.from_bytes(n.identity.node_id, "big") for n in honest]
-        for ident in sybil_ids[:4]:
-            mine = int.from_bytes(ident.node_id, "big")
-            name = next(f"sybil-near-{i}" for i in range(10_000)
-                        if all(mine ^ int.from_bytes(criterion_key(f"sybil-near-{i}"), "big")
-                               < h ^ int.from_bytes(criterion_key(f"sybil-near-{i}"), "big")
-                               for h in honest_ids_int))
-            await honest[0].publish(name, b"near a sybil", deadline=10)
+        # The sybils are gone. They stand for nobody near a key: new chains whose
+        # two nearest nodes are sybils are created on the honest members.
+        for name in names_nearest_to(sybil_ids, honest_ids, 3):
+            await honest[0].publish(name, b"near sybils", deadline=10)
 
 
 def test_admission_rules() -> None:
@@ -144,8 +163,10 @@ async def test_a_kademlia_contact_enters_the_table_only_from_its_own_address() -
         target, victim = nodes[0], nodes[1]
         assert target.overlay is not None
         checked = target.overlay.statistics().claims_checked  # type: ignore[attr-defined]
-        liar = HostilePeer(target.address, claimed=victim.address)
-        nowhere = HostilePeer(target.address, claimed="127.0.0.1:9")  # nobody listens there
+        liar_id, nowhere_id = close_pair()
+        liar = HostilePeer(target.address, identity=liar_id, claimed=victim.address)
+        nowhere = HostilePeer(target.address, identity=nowhere_id,
+                              claimed="127.0.0.1:9")  # nobody listens there
         for _ in range(3):
             for peer in (liar, nowhere):
                 kind, _body = await peer.request("kad", {"op": "ping"}, timeout=5)
@@ -161,15 +182,11 @@ async def test_a_kademlia_contact_enters_the_table_only_from_its_own_address() -
         for node in nodes[1:]:
             await node.overlay.closest(criterion_key("again"), 3)  # type: ignore[union-attr]
         assert target.overlay.statistics().claims_checked == checked + 2  # type: ignore[attr-defined]
-        # A new chain near a false claimant's key is created: the claim was checked
-        # and forgotten, so it does not stand for a node near the key that is silent.
-        honest_ids = [int.from_bytes(n.identity.node_id, "big") for n in nodes]
-        for peer in (liar, nowhere):
-            mine = int.from_bytes(peer.identity.node_id, "big")
-            name = next(f"near-{i}" for i in range(10_000)
-                        if all(mine ^ int.from_bytes(criterion_key(f"near-{i}"), "big")
-                               < h ^ int.from_bytes(criterion_key(f"near-{i}"), "big")
-                               for h in honest_ids))
+        # New chains whose keys are nearer to both false claimants than to any honest
+        # node are created: the claims were checked and forgotten, so they do not
+        # stand for two silent nodes among the three nearest.
+        claimants = [liar.identity, nowhere.identity]
+        for name in names_nearest_to(claimants, [n.identity for n in nodes], 2):
             await target.publish(name, b"x", deadline=10)
         assert target.replication_statistics().claims_refuted == 2
         for peer in (liar, nowhere):
