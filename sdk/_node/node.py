@@ -197,13 +197,18 @@ class Node:
                          handler: Callable[[Peer, Any], Awaitable[Any]]) -> None:
         """Answer requests addressed to ``name`` with ``handler(peer, body)``.
 
-        Raises :class:`~ketten.errors.ProtocolError` if the name is taken.
+        The node's own services take the names ``offer``, ``append``, ``vote``,
+        ``commit``, ``fetch``, ``locate``, ``handover``, ``digest``, ``sub`` and
+        ``claim-check``; the overlay takes its own (``kad``, ``static``,
+        ``gosskip``). Raises :class:`~ketten.errors.UsageError` if the name is taken.
         """
         self._rpc.serve_raw(name, handler)
 
     def register_message_service(self, name: str,
                                  handler: Callable[[Peer, Any], Awaitable[None]]) -> None:
-        """Take one-way messages addressed to ``name`` with ``handler(peer, body)``."""
+        """Take one-way messages addressed to ``name`` with ``handler(peer, body)``
+        (the node takes ``commit-notice``, ``elect`` and ``subev``). Raises
+        :class:`~ketten.errors.UsageError` if the name is taken."""
         self._rpc.serve_messages(name, handler)
 
     async def request(self, address: str, service: str, body: Any, *,
