@@ -12,14 +12,10 @@ thin trio driver around them. Its RPCs are the node service ``"kad"``:
 S/Kademlia: only the authenticated sender of a request or reply (the
 :class:`~ketten.interfaces.Peer` the transport hands over, whose node id is
 ``SHA-256(public key)``) ever enters the routing table; contacts learned from
-answers are only lookup candidates until they answer themselves. A request's
-sender has proven its key but only claims its address: it enters the table
-once a request sent to that address was answered with its key (one ping per
-new claim, see :class:`ketten.AddressClaims`), so no peer can place itself,
-or anyone, at another node's address. An optional static puzzle
-(``puzzle_difficulty`` leading zero bits of ``H(H(pubkey))``) makes ids
-expensive; the TCP transport reads the same option and refuses peers that
-do not solve it. Lookups can run over ``paths`` disjoint paths.
+answers are only lookup candidates until they answer themselves. An optional
+static puzzle (``puzzle_difficulty`` leading zero bits of ``H(H(pubkey))``)
+makes ids expensive; the TCP transport reads the same option and refuses
+peers that do not solve it. Lookups can run over ``paths`` disjoint paths.
 
 Options (``NodeConfig.options["overlay"]``):
 
@@ -54,7 +50,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import trio
 
-from ketten import AddressClaims, Option, PluginSpec, hookimpl, node_id_of
+from ketten import Option, PluginSpec, hookimpl, node_id_of
 from ketten.errors import (
     ConfigError,
     DecodeError,
@@ -147,8 +143,6 @@ class KademliaStatistics:
     peers_joined: int
     evictions: int
     refused: int
-    claims_checked: int = 0
-    """Addresses pinged because a request claimed them for a node not proven there."""
 
 
 def encode_contacts(contacts: Sequence[Contact]) -> list[list[Any]]:
@@ -199,7 +193,6 @@ class KademliaOverlay:
     only a table below k that lost contacts calls for joining again."""
     _counts: dict[str, int] = attrs.field(init=False)
     _client: bool = attrs.field(default=False, init=False)
-    _claims: AddressClaims = attrs.field(init=False)
 
     supports_client: ClassVar[bool] = True
     """A client node (``NodeConfig.client``) looks nodes up but never enters a
@@ -219,10 +212,8 @@ class KademliaOverlay:
             difficulty=self.options.puzzle_difficulty, stale_after=self.options.stale_after,
         )
         self._rng = random.Random(self._own)
-        self._claims = AddressClaims(max_checks=self.options.k)
         self._counts = dict.fromkeys(
-            ("lookups", "queries", "query_failures", "requests_served", "peers_joined",
-             "claims_checked"), 0
+            ("lookups", "queries", "query_failures", "requests_served", "peers_joined"), 0
         )
 
     @property
@@ -435,33 +426,8 @@ class KademliaOverlay:
         peer, answer = await self._node.request(address, SERVICE, body,
                                                 timeout=self.options.rpc_timeout,
                                                 retransmit=True)
-        self._claims.prove(int.from_bytes(peer.node_id, "big"), peer.address)
         self._observe(peer)
         return peer, answer
-
-    def _heard(self, peer: Peer) -> None:
-        """A request came from ``peer``: its key is proven, its address only claimed.
-        The table takes it at once where that address is proven; otherwise the
-        address is pinged (see :class:`AddressClaims`) and the table takes whoever
-        answers there."""
-        node_id = int.from_bytes(peer.node_id, "big")
-        known = self._table.get(node_id)
-        if ((known is not None and known.peer.address == peer.address)
-                or self._claims.proven(node_id, peer.address)):
-            self._observe(peer)
-        elif self._nursery is not None and self._claims.check(node_id, peer.address,
-                                                              trio.current_time()):
-            self._counts["claims_checked"] += 1
-            self._nursery.start_soon(self._check_claim, node_id, peer.address)
-
-    async def _check_claim(self, node_id: int, address: str) -> None:
-        try:
-            _peer, answer = await self._rpc(address, {"op": "ping"})  # proves who answered
-            _check_pong(answer)
-        except KettenError as exc:
-            _log.debug("claimed address %s did not answer: %s", address, exc)
-        finally:
-            self._claims.checked(node_id, address)
 
     def _observe(self, peer: Peer) -> None:
         known = self._known_addresses
@@ -492,7 +458,7 @@ class KademliaOverlay:
         member = body.get("client") is not True  # a client is answered, never added
         if op == "ping":
             if member:
-                self._heard(peer)
+                self._observe(peer)
             self._counts["requests_served"] += 1
             return {"op": "pong"}
         if op == "find":
@@ -506,7 +472,7 @@ class KademliaOverlay:
                     raise DecodeError("count must be positive", where="kad find request")
                 wanted = max(wanted, min(count, MAX_REPLY_CONTACTS))
             if member:
-                self._heard(peer)
+                self._observe(peer)
             self._counts["requests_served"] += 1
             sender = int.from_bytes(peer.node_id, "big")
             nearest = self._table.closest(int.from_bytes(target, "big"), wanted,

@@ -11,7 +11,7 @@ per pair per ``retry_after`` seconds, one per node and at most
 routing table's bucket, say) do not ping each other without end, and a flood
 of claims costs a bounded number of pings. It also remembers the claims a
 check refuted. The node uses it for the nodes it remembers near keys; an
-overlay may use it for its routing table (the ``kademlia`` plugin does).
+overlay may use it for its routing table.
 
 Every memory is bounded (least recently used first out).
 """

@@ -134,7 +134,7 @@ class _KadServer:
             self._table.observe(kademlia.Contact.of(Peer(f"127.0.0.1:{1000 + i}", key)), 0.0)
         self._counts = {"requests_served": 0}
 
-    def _heard(self, peer: Peer) -> None:
+    def _observe(self, peer: Peer) -> None:
         pass
 
 
