@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ketten import AddressClaims
+from ketten._core.claims import AddressClaims
 
 
 def test_a_claim_is_checked_once_then_taken_once_proven() -> None:

@@ -10,8 +10,7 @@ per pair per ``retry_after`` seconds, one per node and at most
 ``max_checks`` at a time, so two nodes that cannot keep each other (in a
 routing table's bucket, say) do not ping each other without end, and a flood
 of claims costs a bounded number of pings. It also remembers the claims a
-check refuted. The node uses it for the nodes it remembers near keys; an
-overlay may use it for its routing table.
+check refuted. The node uses it for the nodes it remembers near keys.
 
 Every memory is bounded (least recently used first out).
 """

@@ -91,8 +91,12 @@ class ReplicaSets:
     then checked again: a check can fail for an honest node (a partition that began
     just then), and its requests count again soon."""
     _refuted: int = attrs.field(default=0, init=False)
+    _admits: Callable[[bytes], bool] | None = attrs.field(default=None, init=False)
+    """The overlay's optional ``admits`` (see :class:`~ketten.interfaces.Overlay`)."""
 
     def __attrs_post_init__(self) -> None:
+        admits = getattr(self.overlay, "admits", None)
+        self._admits = admits if callable(admits) else None
         self._locates = Coalescer(self._send_locate, self.nursery, MAX_BATCH)
         self._hedge = Hedge(floor=min(0.25, self.timeout / 8), cap=self.timeout / 4)
         self.rpc.serve(Ping, self._serve_ping)
@@ -112,13 +116,13 @@ class ReplicaSets:
         remembered. A peer the overlay does not admit (see
         :class:`~ketten.interfaces.Overlay`) is never remembered."""
         key, address, now = peer.public_key, peer.address, self.now()
-        admits = getattr(self.overlay, "admits", None)
-        if callable(admits) and not admits(key):
+        if self._admits is not None and not self._admits(key):
             return  # not a member of this network: it stands for nobody near a key
         known = self.acquaintances
         node_id = int.from_bytes(peer.node_id, "big")
         if reached:
-            self._claims.prove(node_id, address)
+            if known.answered_at(key) != address:  # else proven when it first answered
+                self._claims.prove(node_id, address)
         elif (known.answered_at(key) is None and known.claimed_at(key) != address
               and not self._claims.proven(node_id, address)):
             if self._claims.refuted(node_id, address, now):

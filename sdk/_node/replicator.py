@@ -231,7 +231,7 @@ class ReplicationStatistics:
     lookups: int
     claims_refuted: int = 0
     """Peers that claimed an address nobody answered at as them (forgotten, see
-    :class:`ketten.AddressClaims`)."""
+    ``ketten._core.claims``)."""
 
 
 @attrs.define(eq=False)
