@@ -29,6 +29,8 @@ class Connection:
     source: str = ""
     """The IP address a connection the peer dialed comes from."""
     last_used: float = 0.0
+    frame_started: float | None = None
+    """When the frame being read began to arrive (``None``: between frames)."""
     cancel_scope: trio.CancelScope = attrs.field(factory=trio.CancelScope)
     closed: bool = False
     finished: trio.Event = attrs.field(factory=trio.Event)

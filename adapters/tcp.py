@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import math
 import re
 import secrets
 from collections.abc import Mapping
@@ -199,10 +198,6 @@ def _option_seconds(options: Mapping[str, Any], name: str, default: float) -> fl
     return float(value)
 
 
-class _Stalled(ProtocolError):
-    """The peer started a frame and did not finish it in time."""
-
-
 def _unexpected(frame: Hello | Auth | Refuse) -> None:
     raise ProtocolError(f"unexpected {type(frame).__name__} after the handshake")
 
@@ -300,6 +295,7 @@ class TcpTransport:
                 self._handler = handler
                 self._address = self.advertise or format_address(bound_host, bound_port)
                 await nursery.start(trio.serve_listeners, self._accept, [listener])
+                nursery.start_soon(self._watch)
                 task_status.started(self._address)
         finally:
             self._nursery = None
@@ -502,46 +498,59 @@ class TcpTransport:
             decoder.feed(data)
 
     async def _read_frame_body(self, conn: Connection) -> bytes:
-        """The next frame body of an established connection.
-
-        Raises :class:`_Stalled` when a started frame is not complete within
-        ``frame_timeout``, ``trio.BrokenResourceError`` at EOF and
-        ``trio.ClosedResourceError`` when the connection was idle too long.
-        """
+        """The next frame body of an established connection. Raises
+        ``trio.BrokenResourceError`` at EOF; :meth:`_watch` closes the connection
+        (cancelling the read) when a started frame stalls or the connection falls
+        idle, so no read pays for a timer of its own."""
         decoder = conn.decoder
-        idle_limit = self.idle_timeout if conn.outbound else 2 * self.idle_timeout
-        frame_started: float | None = None
         while True:
             body = decoder.next_body()
             if body is not None:
                 self._counts["bytes_received"] += HEADER_SIZE + len(body)
                 conn.last_used = trio.current_time()
+                conn.frame_started = None
                 return body
-            now = trio.current_time()
             if decoder.in_frame:
-                if frame_started is None:
-                    frame_started = now
-                deadline = frame_started + self.frame_timeout
+                if conn.frame_started is None:
+                    conn.frame_started = trio.current_time()
             else:
-                frame_started = None
-                deadline = max(conn.last_used + idle_limit, now if conn.busy else -math.inf)
-            with trio.move_on_at(deadline):
-                data = await conn.stream.receive_some(_READ_SIZE)
-                if not data:
-                    raise trio.BrokenResourceError("connection closed by the peer")
-                decoder.feed(data)
-                continue
-            if frame_started is not None:
-                raise _Stalled(f"a frame was not complete within {self.frame_timeout} s")
+                conn.frame_started = None
+            data = await conn.stream.receive_some(_READ_SIZE)
+            if not data:
+                raise trio.BrokenResourceError("connection closed by the peer")
+            decoder.feed(data)
+
+    async def _watch(self) -> None:
+        """Close the connections whose started frame is not complete within
+        ``frame_timeout`` and those with no request outstanding and no frame for
+        their idle limit; one timer for all connections."""
+        tick = min(self.frame_timeout, self.idle_timeout) / 4
+        while True:
+            await trio.sleep(tick)
             now = trio.current_time()
-            if conn.busy:
-                conn.last_used = now
-                continue
-            if conn.last_used + idle_limit > now:
-                continue
+            for conn in list(self._open):
+                self._check_overdue(conn, now)
+
+    def _check_overdue(self, conn: Connection, now: float) -> None:
+        if conn.closed:
+            return
+        if conn.frame_started is not None and now - conn.frame_started > self.frame_timeout:
+            reason = f"a frame was not complete within {self.frame_timeout} s"
+            self._counts["stalled_frames"] += 1
+            self._events.warning("connection_closed", "closing the connection with %s (%s): %s",
+                                 conn.peer.address, conn.peer.node_id.hex()[:16], reason,
+                                 key=f"closed:{conn.peer.address}", peer=conn.peer.address,
+                                 node=conn.peer.node_id.hex(), reason=reason)
+            conn.close(reason)
+            return
+        if conn.busy:
+            conn.last_used = now
+            return
+        idle_limit = self.idle_timeout if conn.outbound else 2 * self.idle_timeout
+        if now - conn.last_used >= idle_limit:
             self._counts["idle_closed"] += 1
             _log.debug("closing the idle connection with %s", conn.peer.address)
-            raise trio.ClosedResourceError(f"idle for {idle_limit} s")
+            conn.close(f"idle for {idle_limit} s")
 
     def _room_for_source(self, source: str) -> str | None:
         """Why a new connection from ``source`` is refused, or ``None`` (an idle
@@ -647,13 +656,6 @@ class TcpTransport:
                         nursery.start_soon(self._take_message, conn.peer, data, handler, limiter)
                     case Hello() | Auth() | Refuse():
                         _unexpected(frame)
-        except _Stalled as exc:
-            self._counts["stalled_frames"] += 1
-            self._events.warning("connection_closed", "closing the connection with %s (%s): %s",
-                                 conn.peer.address, conn.peer.node_id.hex()[:16], exc,
-                                 key=f"closed:{conn.peer.address}", peer=conn.peer.address,
-                                 node=conn.peer.node_id.hex(), reason=str(exc))
-            return str(exc)
         except (DecodeError, ProtocolError) as exc:
             self._counts["malformed_frames"] += 1
             self._events.warning("connection_closed", "closing the connection with %s (%s): %s",

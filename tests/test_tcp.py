@@ -416,6 +416,30 @@ async def test_stalled_frames_and_idle_peers_are_closed_busy_ones_kept() -> None
         assert node.transport.statistics().malformed_frames == 0
 
 
+async def test_a_frame_trickling_in_byte_by_byte_is_cut_off_at_frame_timeout() -> None:
+    # Every byte arrives well within the timeout, but the frame as a whole does not:
+    # the clock runs from the frame's first byte, not from the last read.
+    async with tcp_node(transport={"frame_timeout": 0.4}) as node:
+        echo_services(node, [])
+        slow, answer = await raw_connect(node.address)
+        assert isinstance(answer, Auth)
+        frame = encode_frame(Request(1, ketten.wire.encode_message("echo", "x" * 200)))
+        started = trio.current_time()
+        with trio.move_on_after(5):
+            for byte in frame:
+                try:
+                    await slow.stream.send_all(bytes([byte]))
+                except trio.BrokenResourceError:
+                    break
+                await trio.sleep(0.05)
+        assert await slow.closed()
+        assert trio.current_time() - started < 2.0
+        stats = node.transport.statistics()
+        assert stats.stalled_frames == 1 and stats.malformed_frames == 0
+        _, answer = await raw_connect(node.address)
+        assert isinstance(answer, Auth)
+
+
 async def test_cancelled_requests_leave_the_shared_connection_whole() -> None:
     # Requests cancelled at every stage, big frames among them, share one
     # connection with requests that must keep getting exact answers.
