@@ -9,10 +9,14 @@ difficulty (``puzzle_difficulty`` of the **overlay** options, the same
 value the kademlia overlay enforces). A mismatch refuses the peer with a
 reason that both sides log (logger ``ketten.tcp``).
 
-Requests use only connections this node dialed (one per address, reused);
-connections a peer dialed carry that peer's requests. So a peer cannot
-capture the traffic meant for an address by claiming it in its hello.
-A malformed frame closes only its connection.
+Between two nodes one connection carries the requests of both: the one
+dialed by the node with the smaller key. A node sends its requests for an
+address over a connection the peer dialed only once it has itself dialed
+that address and found the same key there (the peer's hello only *claims*
+its address), and only while that connection is in use (its dialer closes
+it when idle). So a peer cannot capture the traffic meant for an address by
+claiming it in its hello. Any other connection between the two falls idle
+and is closed. A malformed frame closes only its connection.
 
 A peer cannot hold a connection slot by saying nothing: connections still
 in the handshake count against ``max_connections`` and are closed when the
@@ -53,6 +57,7 @@ import ipaddress
 import logging
 import re
 import secrets
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -105,6 +110,7 @@ __all__ = [
 DEFAULT_MAX_FRAME_SIZE = 4 << 20
 _HANDSHAKE_FRAME_LIMIT = 4096
 _READ_SIZE = 65536
+_MAX_PROVEN = 4096
 _log = logging.getLogger("ketten.tcp")
 
 
@@ -114,6 +120,8 @@ class TcpStatistics:
 
     connections_open: int
     connections_dialed: int
+    requests_on_accepted: int
+    """Requests and messages this node sent over a connection the peer dialed."""
     connections_accepted: int
     connections_refused: int
     refused_per_source: int
@@ -244,6 +252,10 @@ class TcpTransport:
     _handler: Handler | None = attrs.field(default=None, init=False)
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _dialed: dict[str, Connection] = attrs.field(factory=dict, init=False)
+    _accepted: dict[bytes, Connection] = attrs.field(factory=dict, init=False)
+    """The latest open connection each peer key dialed."""
+    _proven: OrderedDict[str, bytes] = attrs.field(factory=OrderedDict, init=False)
+    """The key found at each address this node dialed (least recently used out)."""
     _open: set[Connection] = attrs.field(factory=set, init=False)
     _dialing: dict[str, trio.Event] = attrs.field(factory=dict, init=False)
     _handshaking: int = attrs.field(default=0, init=False)
@@ -304,6 +316,7 @@ class TcpTransport:
                 conn.close("transport stopped")
             self._open.clear()
             self._dialed.clear()
+            self._accepted.clear()
 
     async def request(self, address: str, data: bytes) -> Reply:
         """Send a request to ``address`` and wait for the reply.
@@ -315,7 +328,7 @@ class TcpTransport:
         self._check_size(data)
         if address == self._address:
             return await self._request_self(data)
-        conn = await self._connect(address)
+        conn = await self._connection_to(address)
         self._counts["requests_sent"] += 1
         self._counts["bytes_sent"] += len(data)
         conn.last_used = trio.current_time()
@@ -334,7 +347,7 @@ class TcpTransport:
             await self._handler.handle_message(self._local_peer(), data)
             return
         try:
-            conn = await self._connect(address)
+            conn = await self._connection_to(address)
             conn.last_used = trio.current_time()
             await conn.send(Message(data))
         except PeerUnreachable as exc:
@@ -359,8 +372,15 @@ class TcpTransport:
             raise RemoteError(type(exc).__name__, str(exc)) from None
         return Reply(self._local_peer(), answer)
 
-    async def _connect(self, address: str) -> Connection:
+    async def _connection_to(self, address: str) -> Connection:
+        """The connection to carry a frame to ``address``: the one the peer there dialed
+        if that wins (see the module's docstring), else this node's own, dialed now
+        if need be."""
         while True:
+            shared = self._shared(address)
+            if shared is not None:
+                self._counts["requests_on_accepted"] += 1
+                return shared
             conn = self._dialed.get(address)
             if conn is not None and not conn.closed:
                 return conn
@@ -368,6 +388,39 @@ class TcpTransport:
             if dialing is None:
                 break
             await dialing.wait()
+        conn = await self._connect(address)
+        shared = self._shared(address)
+        if shared is not None and not conn.busy:
+            # The dial proved the address; the peer's own connection carries the rest.
+            conn.close("the connection the peer dialed carries the requests")
+            self._forget(conn)
+            self._counts["requests_on_accepted"] += 1
+            return shared
+        return conn
+
+    def _shared(self, address: str) -> Connection | None:
+        """The connection the peer at ``address`` dialed, if it carries this node's
+        frames there: the peer's key is smaller, this node found that key at
+        ``address`` itself, the peer claims ``address``, and the connection was used
+        within half the idle timeout (its dialer closes it after a whole one)."""
+        key = self._proven.get(address)
+        if key is None or key >= self._identity.public_key:
+            return None
+        conn = self._accepted.get(key)
+        if (conn is None or conn.closed or conn.peer.address != address
+                or trio.current_time() - conn.last_used >= self.idle_timeout / 2):
+            return None
+        self._proven.move_to_end(address)
+        return conn
+
+    def _prove(self, address: str, key: bytes) -> None:
+        self._proven[address] = key
+        self._proven.move_to_end(address)
+        while len(self._proven) > _MAX_PROVEN:
+            self._proven.popitem(last=False)
+
+    async def _connect(self, address: str) -> Connection:
+        """Dial ``address`` (no dial to it may be under way)."""
         nursery = self._nursery
         if nursery is None:
             raise UsageError("the tcp transport must be serving to send")
@@ -392,6 +445,7 @@ class TcpTransport:
             self._counts["connections_dialed"] += 1
             self._open.add(conn)
             self._dialed[address] = conn
+            self._prove(address, peer.public_key)
             nursery.start_soon(self._run_connection, conn)
             return conn
         finally:
@@ -422,8 +476,11 @@ class TcpTransport:
 
     def _forget(self, conn: Connection) -> None:
         self._open.discard(conn)
-        if self._dialed.get(conn.peer.address) is conn:
-            del self._dialed[conn.peer.address]
+        if conn.outbound:
+            if self._dialed.get(conn.peer.address) is conn:
+                del self._dialed[conn.peer.address]
+        elif self._accepted.get(conn.peer.public_key) is conn:
+            del self._accepted[conn.peer.public_key]
 
     async def _handshake(self, stream: trio.abc.Stream,
                          dialed: str | None) -> tuple[Peer, FrameDecoder, Session | None]:
@@ -603,6 +660,7 @@ class TcpTransport:
                               session=session,
                               last_used=trio.current_time(), send_timeout=self.frame_timeout)
             self._open.add(conn)
+            self._accepted[peer.public_key] = conn
             await self._run_connection(conn)
         finally:
             await trio.aclose_forcefully(stream)

@@ -380,9 +380,14 @@ async def test_silent_and_stalled_handshakes_free_their_slots() -> None:
         assert stats.handshakes_timed_out == 2 and stats.connections_refused == 3
 
 
-async def test_stalled_frames_and_idle_peers_are_closed_busy_ones_kept() -> None:
+@pytest.mark.parametrize("friend_smaller", [False, True])
+async def test_stalled_frames_and_idle_peers_are_closed_busy_ones_kept(
+        friend_smaller: bool) -> None:
     timeouts = {"frame_timeout": 0.3, "idle_timeout": 0.3}
-    async with tcp_node(transport=timeouts) as node:
+    smaller, larger = sorted((Identity.from_seed(b"a" * 32), Identity.from_seed(b"b" * 32)),
+                             key=lambda i: i.public_key)
+    mine, friends = (larger, smaller) if friend_smaller else (smaller, larger)
+    async with tcp_node(transport=timeouts, identity=mine) as node:
         echo_services(node, [])
 
         async def slow(peer: Peer, body: Any) -> Any:
@@ -396,24 +401,86 @@ async def test_stalled_frames_and_idle_peers_are_closed_busy_ones_kept() -> None
         await stalled.stream.send_all(frame[:30])
         idle, answer = await raw_connect(node.address)
         assert isinstance(answer, Auth)
-        async with tcp_node(transport=timeouts) as friend:
+        async with tcp_node(transport=timeouts, identity=friends) as friend:
             assert await stalled.closed()
             assert node.transport.statistics().stalled_frames == 1
             # busy for longer than the idle timeout on both sides, yet kept open
             assert await friend.call(node.address, "slow", 3) == 3
             assert await idle.closed()
             stats = node.transport.statistics()
-            # The raw idle peer, and the node's own connection that pinged the
-            # address the friend claims (once, to check it), then fell idle.
+            # The node pinged the address the friend claims (once, to check it). If
+            # the friend's key is the smaller, its own connection carries the ping and
+            # the node's closes at once; else the node's falls idle.
+            own_kept = not friend_smaller
             assert stats.connections_dialed == 1
-            assert stats.idle_closed == 2 and stats.stalled_frames == 1
+            assert stats.requests_on_accepted == (0 if own_kept else 1)
+            idle = 1 + own_kept  # the raw idle peer, and maybe the node's own
+            assert stats.idle_closed == idle and stats.stalled_frames == 1
             dialed = friend.transport._dialed[node.address]
             with trio.fail_after(5):
                 await dialed.finished.wait()
-            assert node.transport.statistics().idle_closed == 2, "the dialer closes first"
+            assert node.transport.statistics().idle_closed == idle, "the dialer closes first"
             assert (await friend.call(node.address, "echo", 4))["body"] == 4
             assert friend.transport.statistics().connections_dialed == 2
         assert node.transport.statistics().malformed_frames == 0
+
+
+async def test_two_nodes_talking_both_ways_keep_one_connection() -> None:
+    # The connection the smaller key dialed carries the requests of both; the larger
+    # uses it once it has dialed the smaller's address itself (the hello only claims
+    # it), and its own connection falls idle and closes.
+    smaller, larger = sorted((Identity.from_seed(b"s" * 32), Identity.from_seed(b"l" * 32)),
+                             key=lambda i: i.public_key)
+    idle = {"idle_timeout": 1.0}
+    async with tcp_node(identity=smaller, transport=idle) as s, \
+            tcp_node(identity=larger, transport=idle) as big:
+        echo_services(s, [])
+        echo_services(big, [])
+        assert (await big.call(s.address, "echo", "first"))["body"] == "first"
+        assert (await s.call(big.address, "echo", "back"))["body"] == "back"
+        own = big.transport._dialed[s.address]
+        with trio.fail_after(10):
+            while not own.closed:
+                for node, other in ((big, s), (s, big)):
+                    answer = await node.call(other.address, "echo", "both ways")
+                    assert answer == {"from": node.identity.public_key, "body": "both ways"}
+                await trio.sleep(0.05)
+        for node in (s, big):
+            stats = node.transport.statistics()
+            assert stats.connections_open == 1 and stats.connections_dialed == 1
+        assert big.transport.statistics().requests_on_accepted > 0
+        assert s.transport.statistics().requests_on_accepted == 0
+        for _ in range(5):
+            await big.call(s.address, "echo", "more")
+            await s.call(big.address, "echo", "more")
+        assert [n.transport.statistics().connections_dialed for n in (s, big)] == [1, 1]
+
+
+async def test_a_peer_claiming_another_nodes_address_never_carries_its_requests() -> None:
+    # The liar's key is the smallest, so its connection would win if its claim counted.
+    keys = sorted((Identity.from_seed(bytes([i]) * 32) for i in range(1, 4)),
+                  key=lambda i: i.public_key)
+    liar_id, honest_id, node_id = keys
+    async with tcp_node(identity=node_id) as node, tcp_node(identity=honest_id) as honest:
+        echo_services(honest, [])
+        echo_services(node, [])
+        liar, answer = await raw_connect(node.address, identity=liar_id,
+                                         claimed=honest.address)
+        assert isinstance(answer, Auth)
+        await liar.send(Request(1, ketten.wire.encode_message("echo", "hi")))
+        assert isinstance(await liar.frame(), Reply)
+
+        async def who(peer: Peer, body: Any) -> Any:
+            return honest.identity.public_key
+
+        honest.register_service("who", who)
+        for _ in range(3):
+            with trio.fail_after(5):
+                assert await node.call(honest.address, "who", None) == honest_id.public_key
+        with trio.move_on_after(0.3):
+            extra = await liar.frame()
+            assert not isinstance(extra, Request), "a request reached the liar"
+        await trio.aclose_forcefully(liar.stream)
 
 
 async def test_a_frame_trickling_in_byte_by_byte_is_cut_off_at_frame_timeout() -> None:
