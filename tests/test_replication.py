@@ -160,6 +160,29 @@ async def test_a_new_node_catches_up(plugins, autojump_clock) -> None:
         assert c.nodes[9].replication_statistics().events_synced == 25
 
 
+async def test_a_node_that_holds_no_copy_names_the_configuration_in_force(
+        plugins, autojump_clock) -> None:
+    # A publisher that is no broker learned the chain's route; the chain then moves
+    # while it is silent. Asked, it names the new configuration, not the route it
+    # learned (which may also name a configuration that was abandoned).
+    async with cluster(plugins, 4, hysteresis=4.0) as c:
+        newcomer = c.identity(9)
+        key = newcomer.node_id
+        observer = c.others(key)[0]
+        for i in range(5):
+            await c.nodes[observer].publish(key, b"%d" % i)
+        before = await c.nodes[observer].configuration(key)
+        assert before is not None and newcomer.public_key not in before.voter_keys()
+        await c.start(9)
+        await c.moved(key)
+        await c.settle(key)
+        broker = c.brokers(key)[0]
+        in_force = await c.nodes[broker].configuration(key)
+        assert in_force is not None and newcomer.public_key in in_force.voter_keys()
+        assert await c.nodes[observer].configuration(key) == in_force
+        assert in_force.epoch > before.epoch
+
+
 async def test_replay_reads_the_local_copy_in_order(plugins, autojump_clock) -> None:
     async with cluster(plugins, 4) as c:
         key = criterion_key("replay")

@@ -498,21 +498,22 @@ class Node:
                             refresh: bool = False) -> ChainConfig | None:
         """The configuration of ``criterion``: the brokers that hold it, with its epoch.
 
-        From this node's own replica state, or the route it learned; when it
-        knows nothing of the chain (or ``refresh``), the nodes nearest to the
-        key are asked. ``None``: no such chain (yet), or nobody answered.
+        From this node's own replica state; a node that holds none of the chain
+        (or ``refresh``) asks the nodes nearest to the key, and falls back on the
+        route it learned earlier only when none of them answers (that route may
+        name a configuration that was abandoned since). ``None``: no such chain
+        (yet), or nobody answered and no route was learned.
         """
         key = self._key(criterion)
         if not refresh:
             route = self._replicator.route_of(key) or await self._replicator.route(key)
-            if route is None:
-                route = self._sets.cached(key)
             if route is not None:
                 return route.config
         try:
             found = await self._sets.route(key, refresh=True)
         except KettenError:
-            return None
+            learned = None if refresh else self._sets.cached(key)
+            return None if learned is None else learned.config
         return None if isinstance(found, Creation) else found.config
 
     async def recover(self, criterion: bytes | str, *, confirm: str) -> ChainConfig:
