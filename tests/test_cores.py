@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ketten import DecodeError, Event, Identity, criterion_key
-from ketten._core.feed import FeedState, Placement
+from ketten._core.feed import FeedState, Placement, Window
 from ketten._core.membership import ChainConfig, ChainState, Member
 from ketten._core.messages import (
     Answer,
@@ -411,6 +411,43 @@ def test_a_feed_confirms_only_what_a_broker_reported_committed_on_the_local_chai
     assert feed.place(events[2], (1, events[1].hash)) == Placement.STORE
     assert feed.place(events[2], None) == Placement.SYNC
     assert feed.place(events[0], (1, events[1].hash)) == Placement.KNOWN
+
+
+def test_a_feed_offers_no_further_than_the_room_the_application_left() -> None:
+    feed = FeedState((KEY,), {KEY: 3})
+    assert feed.window(KEY, None, 10, drop=False) == Window(None, 3, 2, False)
+    assert feed.window(KEY, 2, 10, drop=False) == Window(None, 3, 2, False)
+    assert feed.window(KEY, 9, 10, drop=False) == Window(None, 3, 9, False)
+    assert feed.window(KEY, 9, 4, drop=False) == Window(None, 3, 6, True)
+    assert feed.window(KEY, 9, 0, drop=False) == Window(None, 3, 2, True)
+    assert feed.window(KEY, 9, 10, drop=False, limit=5) == Window(None, 3, 5, True)
+    # Dropping gives up the oldest: the newest that fit are offered now.
+    assert feed.window(KEY, 9, 4, drop=True) == Window(6, 6, 9, False)
+    assert feed.window(KEY, 9, 0, drop=True) == Window(None, 3, 2, True)
+    assert feed.window(KEY, 9, 7, drop=True) == Window(None, 3, 9, False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 50), st.none() | st.integers(-1, 100), st.integers(-5, 40), st.booleans(),
+       st.none() | st.integers(-1, 100))
+def test_a_feed_window_stays_within_what_is_committed_and_what_fits(
+        start: int, confirmed: int | None, room: int, drop: bool, limit: int | None) -> None:
+    feed = FeedState((KEY,), {KEY: start})
+    window = feed.window(KEY, confirmed, room, drop=drop, limit=limit)
+    offered = range(window.first, window.last + 1)
+    if confirmed is None or confirmed < start:
+        assert not offered and window.drop_before is None and not window.more
+        return
+    assert len(offered) <= max(room, 0)
+    assert all(start <= seq <= confirmed for seq in offered)
+    assert limit is None or all(seq <= limit for seq in offered)
+    if window.drop_before is None:
+        assert window.first == start  # nothing is skipped without dropping
+    else:
+        assert drop and start < window.drop_before == window.first
+        assert window.last == min(confirmed, confirmed if limit is None else limit)
+    # Whatever is committed and not offered (nor dropped) is looked at again.
+    assert window.more == (window.last < confirmed)
 
 
 # -- messages and state ---------------------------------------------------------------

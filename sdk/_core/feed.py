@@ -17,7 +17,7 @@ import attrs
 from .event import Event
 from .membership import Pos
 
-__all__ = ["FeedState", "Placement"]
+__all__ = ["FeedState", "Placement", "Window"]
 
 
 class Placement:
@@ -27,6 +27,21 @@ class Placement:
     """It is ahead of the local chain: catch up first."""
     KNOWN = "known"
     """The local chain already holds this position."""
+
+
+@attrs.frozen
+class Window:
+    """What one pass hands the delivery plugin of one criterion (see
+    :meth:`FeedState.window`)."""
+
+    drop_before: int | None
+    """Give up the seqs from the next one up to this one (exclusive): the buffer
+    cannot hold every committed event and the subscription drops the oldest."""
+    first: int
+    last: int
+    """Offer seqs ``first`` to ``last`` (nothing if ``last < first``)."""
+    more: bool
+    """Committed events beyond ``last`` wait for a later pass."""
 
 
 @attrs.define(eq=False)
@@ -79,6 +94,22 @@ class FeedState:
         """Events of ``key`` before ``seq`` are given up: never offered."""
         if seq > self._next[key]:
             self._next[key] = seq
+
+    def window(self, key: bytes, confirmed: int | None, room: int, *, drop: bool,
+               limit: int | None = None) -> Window:
+        """Which committed events of ``key`` to offer now: those up to ``confirmed``
+        (the highest seq known committed on the local chain) and ``limit``, no more
+        than ``room`` (what the application's buffer still holds; it takes events at
+        its own pace, so the rest waits for a later pass). With ``drop`` the oldest
+        events beyond the room are given up instead of waiting."""
+        first = self._next[key]
+        if confirmed is None or confirmed < first:
+            return Window(None, first, first - 1, False)
+        drop_before = None
+        if drop and 0 < room < confirmed - first + 1:
+            drop_before = first = confirmed - room + 1
+        last = min(confirmed, first + room - 1, confirmed if limit is None else limit)
+        return Window(drop_before, first, last, last < confirmed)
 
     def look(self, key: bytes | None = None) -> None:
         """Look at ``key`` (default: every criterion) on the next pass."""

@@ -766,17 +766,15 @@ class Feed:
         if confirmed is not None and confirmed >= nxt and not offer:
             return True
         out: list[Event] = []
-        if confirmed is not None and confirmed >= nxt:
-            # The application takes events at its own pace: read no further ahead
-            # of it than the buffer; the rest is offered on a later pass.
-            room = self.feeds.buffer - len(self._ready)
-            if self._drop and 0 < room < confirmed - nxt + 1:
-                nxt = self._skip(key, nxt, confirmed - room + 1)
-            stop = min(confirmed, nxt + room - 1, confirmed if limit is None else limit)
-            if stop < confirmed:
-                self._state.look(key)
-            if stop >= nxt:
-                out.extend(await self._offer_range(key, nxt, stop))
+        window = self._state.window(key, confirmed, self.feeds.buffer - len(self._ready),
+                                    drop=self._drop, limit=limit)
+        if window.drop_before is not None:
+            self._skip(key, nxt, window.drop_before)
+        if window.more:
+            self._state.look(key)
+        first = self._state.next_seq(key)  # a skip may release held events past it
+        if window.last >= first:
+            out.extend(await self._offer_range(key, first, window.last))
         if (self._causal and round_ is not None and self._state.reported_in(key, round_)
                 and (confirmed is not None or self._state.known_empty(key))):
             try:
@@ -790,8 +788,8 @@ class Feed:
         self._emit(out)
         return False
 
-    def _skip(self, key: bytes, first: int, seq: int) -> int:
-        """Give up seqs ``first`` to ``seq - 1`` of ``key``; the next seq to offer."""
+    def _skip(self, key: bytes, first: int, seq: int) -> None:
+        """Give up seqs ``first`` to ``seq - 1`` of ``key``."""
         released = self.delivery.skip(key, seq)
         self._state.skip_to(key, seq)
         self._counts["dropped"] += seq - first
@@ -799,7 +797,6 @@ class Feed:
         self._emit(released)
         for event in released:
             self._state.offered(key, event.seq)
-        return self._state.next_seq(key)
 
     async def _offer_range(self, key: bytes, start: int, stop: int) -> list[Event]:
         out: list[Event] = []
