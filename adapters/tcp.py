@@ -588,16 +588,20 @@ class TcpTransport:
             for conn in list(self._open):
                 self._check_overdue(conn, now)
 
+    def _warn_closing(self, conn: Connection, reason: str) -> None:
+        """A connection ends for the peer's fault (rate-limited per address)."""
+        self._events.warning("connection_closed", "closing the connection with %s (%s): %s",
+                             conn.peer.address, conn.peer.node_id.hex()[:16], reason,
+                             key=f"closed:{conn.peer.address}", peer=conn.peer.address,
+                             node=conn.peer.node_id.hex(), reason=reason)
+
     def _check_overdue(self, conn: Connection, now: float) -> None:
         if conn.closed:
             return
         if conn.frame_started is not None and now - conn.frame_started > self.frame_timeout:
             reason = f"a frame was not complete within {self.frame_timeout} s"
             self._counts["stalled_frames"] += 1
-            self._events.warning("connection_closed", "closing the connection with %s (%s): %s",
-                                 conn.peer.address, conn.peer.node_id.hex()[:16], reason,
-                                 key=f"closed:{conn.peer.address}", peer=conn.peer.address,
-                                 node=conn.peer.node_id.hex(), reason=reason)
+            self._warn_closing(conn, reason)
             conn.close(reason)
             return
         if conn.busy:
@@ -716,10 +720,7 @@ class TcpTransport:
                         _unexpected(frame)
         except (DecodeError, ProtocolError) as exc:
             self._counts["malformed_frames"] += 1
-            self._events.warning("connection_closed", "closing the connection with %s (%s): %s",
-                                 conn.peer.address, conn.peer.node_id.hex()[:16], exc,
-                                 key=f"closed:{conn.peer.address}", peer=conn.peer.address,
-                                 node=conn.peer.node_id.hex(), reason=str(exc))
+            self._warn_closing(conn, str(exc))
             return f"malformed frame: {exc}"
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             return str(exc) or "closed"
