@@ -23,6 +23,7 @@ from ._core.chain import (
     make_locator,
     scan_encoded_chain,
 )
+from ._core.claims import AddressClaims
 from ._core.event import DEFAULT_MAX_EVENT_SIZE, Event
 from ._core.identity import (
     Identity,
@@ -82,6 +83,7 @@ _logging.getLogger("ketten").addHandler(_logging.NullHandler())
 
 __all__ = [
     "DEFAULT_MAX_EVENT_SIZE",
+    "AddressClaims",
     "Agent",
     "AncestorSearch",
     "BrokenLink",

@@ -139,7 +139,7 @@ class GosskipStatistics:
 class GosskipOverlay:
     """The trio driver of one node's :class:`~._ring.Ring` and lookups."""
 
-    _node: Node = attrs.field(alias="node")
+    _node: Node = attrs.field(alias="node", repr=False)
     options: GosskipOptions
     _order: int = attrs.field(init=False)
     _rng: random.Random = attrs.field(init=False)

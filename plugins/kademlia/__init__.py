@@ -9,10 +9,14 @@ thin trio driver around them. Its RPCs are the node service ``"kad"``:
   ``{"nodes": [[address, public key], ...]}`` (the ``max(k, n)`` closest known,
   at most 256; ``count`` is sent when a lookup wants more than ``k`` nodes)
 
-S/Kademlia: only the authenticated sender of a request or reply (the
-:class:`~ketten.interfaces.Peer` the transport hands over, whose node id is
-``SHA-256(public key)``) ever enters the routing table; contacts learned from
-answers are only lookup candidates until they answer themselves. An optional
+S/Kademlia: only an authenticated peer (the :class:`~ketten.interfaces.Peer`
+the transport hands over, whose node id is ``SHA-256(public key)``) ever
+enters the routing table, and only at an address where it answered with its
+key: a node that answers this node's request enters at once; one that sends a
+request only claims its address, so the claim is checked with one ping there
+first (bounded as :class:`~ketten.AddressClaims` says), and a peer claiming
+another node's address never enters. Contacts learned from answers are only
+lookup candidates until they answer themselves. An optional
 static puzzle (``puzzle_difficulty`` leading zero bits of ``H(H(pubkey))``)
 makes ids expensive; the TCP transport reads the same option and refuses
 peers that do not solve it. Lookups can run over ``paths`` disjoint paths.
@@ -50,7 +54,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import trio
 
-from ketten import Option, PluginSpec, hookimpl, node_id_of
+from ketten import AddressClaims, Option, PluginSpec, hookimpl, node_id_of
 from ketten.errors import (
     ConfigError,
     DecodeError,
@@ -143,6 +147,10 @@ class KademliaStatistics:
     peers_joined: int
     evictions: int
     refused: int
+    claims_checked: int = 0
+    """Pings sent to check the address a requester claims before it enters the table."""
+    claims_refuted: int = 0
+    """Of those, the ones not answered there with the requester's key."""
 
 
 def encode_contacts(contacts: Sequence[Contact]) -> list[list[Any]]:
@@ -181,7 +189,7 @@ def _check_key(contact: Contact, peer: Peer) -> None:
 class KademliaOverlay:
     """The trio driver of one node's routing table and lookups."""
 
-    _node: Node = attrs.field(alias="node")
+    _node: Node = attrs.field(alias="node", repr=False)
     options: KademliaOptions
     _table: RoutingTable = attrs.field(init=False)
     _own: int = attrs.field(init=False)
@@ -193,6 +201,7 @@ class KademliaOverlay:
     only a table below k that lost contacts calls for joining again."""
     _counts: dict[str, int] = attrs.field(init=False)
     _client: bool = attrs.field(default=False, init=False)
+    _claims: AddressClaims = attrs.field(init=False)
 
     supports_client: ClassVar[bool] = True
     """A client node (``NodeConfig.client``) looks nodes up but never enters a
@@ -212,8 +221,10 @@ class KademliaOverlay:
             difficulty=self.options.puzzle_difficulty, stale_after=self.options.stale_after,
         )
         self._rng = random.Random(self._own)
+        self._claims = AddressClaims(retry_after=6 * self.options.ping_interval)
         self._counts = dict.fromkeys(
-            ("lookups", "queries", "query_failures", "requests_served", "peers_joined"), 0
+            ("lookups", "queries", "query_failures", "requests_served", "peers_joined",
+             "claims_checked", "claims_refuted"), 0
         )
 
     @property
@@ -426,8 +437,37 @@ class KademliaOverlay:
         peer, answer = await self._node.request(address, SERVICE, body,
                                                 timeout=self.options.rpc_timeout,
                                                 retransmit=True)
+        self._claims.prove(int.from_bytes(peer.node_id, "big"), peer.address)
         self._observe(peer)
         return peer, answer
+
+    def _claimed(self, peer: Peer) -> None:
+        """``peer`` sent a request: its key is proven, the address it claims is not.
+        A claim proven before refreshes its contact; a new one is checked first."""
+        node_id = int.from_bytes(peer.node_id, "big")
+        known = self._table.get(node_id)
+        if (node_id == self._own or not self.admits(peer.public_key)  # the table refuses it
+                or (known is not None and known.peer.address == peer.address)
+                or self._claims.proven(node_id, peer.address)):
+            self._observe(peer)
+        elif (self._nursery is not None
+              and self._claims.check(node_id, peer.address, trio.current_time())):
+            self._nursery.start_soon(self._check_claim, peer)
+
+    async def _check_claim(self, peer: Peer) -> None:
+        # The ping's answer, with the claimed key, is what lets the contact in.
+        node_id = int.from_bytes(peer.node_id, "big")
+        self._counts["claims_checked"] += 1
+        try:
+            answered, answer = await self._rpc(peer.address, {"op": "ping"})
+            _check_pong(answer)
+            _check_key(Contact.of(peer), answered)
+        except KettenError as exc:
+            _log.debug("the claim of %s to listen at %s did not hold: %s",
+                       peer.node_id.hex()[:16], peer.address, exc)
+            self._counts["claims_refuted"] += 1
+        finally:
+            self._claims.checked(node_id, peer.address)
 
     def _observe(self, peer: Peer) -> None:
         known = self._known_addresses
@@ -458,7 +498,7 @@ class KademliaOverlay:
         member = body.get("client") is not True  # a client is answered, never added
         if op == "ping":
             if member:
-                self._observe(peer)
+                self._claimed(peer)
             self._counts["requests_served"] += 1
             return {"op": "pong"}
         if op == "find":
@@ -472,7 +512,7 @@ class KademliaOverlay:
                     raise DecodeError("count must be positive", where="kad find request")
                 wanted = max(wanted, min(count, MAX_REPLY_CONTACTS))
             if member:
-                self._observe(peer)
+                self._claimed(peer)
             self._counts["requests_served"] += 1
             sender = int.from_bytes(peer.node_id, "big")
             nearest = self._table.closest(int.from_bytes(target, "big"), wanted,

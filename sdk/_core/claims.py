@@ -10,7 +10,8 @@ per pair per ``retry_after`` seconds, one per node and at most
 ``max_checks`` at a time, so two nodes that cannot keep each other (in a
 routing table's bucket, say) do not ping each other without end, and a flood
 of claims costs a bounded number of pings. It also remembers the claims a
-check refuted. The node uses it for the nodes it remembers near keys.
+check refuted. The node uses it for the nodes it remembers near keys, and
+overlays for the contacts they let into their routing tables.
 
 Every memory is bounded (least recently used first out).
 """

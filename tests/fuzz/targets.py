@@ -119,7 +119,7 @@ def file_records(data: bytes) -> None:
 
 class _KadServer:
     """Just what ``KademliaOverlay._serve`` reads: options, a routing table with a
-    few contacts, counters; the contact of a request is not pinged."""
+    few contacts, counters; the address a requester claims is not checked."""
 
     _serve = kademlia.KademliaOverlay._serve
 
@@ -134,7 +134,7 @@ class _KadServer:
             self._table.observe(kademlia.Contact.of(Peer(f"127.0.0.1:{1000 + i}", key)), 0.0)
         self._counts = {"requests_served": 0}
 
-    def _observe(self, peer: Peer) -> None:
+    def _claimed(self, peer: Peer) -> None:
         pass
 
 
