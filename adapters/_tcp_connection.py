@@ -35,7 +35,11 @@ class Connection:
     closed: bool = False
     finished: trio.Event = attrs.field(factory=trio.Event)
     answering: int = 0
-    """Requests of the peer this node is still answering."""
+    """Requests of the peer this node has read and not yet answered."""
+    peer_closed: bool = False
+    """The peer ended the connection in order (end of stream). A node closes only
+    connections on which it has no request of the other side left unanswered,
+    so a request that got no answer before this was never read there."""
     send_timeout: float = 30.0
     """How long one frame may take to leave; a peer that stops reading is cut off."""
     _outbox: list[bytes] = attrs.field(factory=list, init=False)

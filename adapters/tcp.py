@@ -122,6 +122,9 @@ class TcpStatistics:
     connections_dialed: int
     requests_on_accepted: int
     """Requests and messages this node sent over a connection the peer dialed."""
+    requests_resent: int
+    """Requests sent again on a new connection because the peer had closed the one
+    they went out on, as idle or for room, before it read them."""
     connections_accepted: int
     connections_refused: int
     refused_per_source: int
@@ -321,6 +324,10 @@ class TcpTransport:
     async def request(self, address: str, data: bytes) -> Reply:
         """Send a request to ``address`` and wait for the reply.
 
+        A request that went out on a connection the peer ended in order before
+        answering (it closes only connections with nothing of ours unanswered
+        that it read) is sent once more on a new connection.
+
         Raises :class:`PeerUnreachable` (cannot connect, handshake refused,
         connection closed), :class:`RemoteError` (the peer's handler raised),
         :class:`UsageError` (not serving, or ``data`` exceeds the frame limit).
@@ -332,7 +339,17 @@ class TcpTransport:
         self._counts["requests_sent"] += 1
         self._counts["bytes_sent"] += len(data)
         conn.last_used = trio.current_time()
-        reply = await conn.request(data)
+        try:
+            reply = await conn.request(data)
+        except PeerUnreachable:
+            if not conn.peer_closed:
+                raise
+            # The peer closed the connection as idle (or for room) while the
+            # request was on its way: it never read it. Once more, on a new one.
+            self._counts["requests_resent"] += 1
+            conn = await self._connection_to(address)
+            conn.last_used = trio.current_time()
+            reply = await conn.request(data)
         self._counts["replies_received"] += 1
         self._counts["bytes_received"] += len(reply.data)
         return reply
@@ -574,6 +591,7 @@ class TcpTransport:
                 conn.frame_started = None
             data = await conn.stream.receive_some(_READ_SIZE)
             if not data:
+                conn.peer_closed = True
                 raise trio.BrokenResourceError("connection closed by the peer")
             decoder.feed(data)
 
@@ -706,7 +724,14 @@ class TcpTransport:
                 match frame:
                     case Request():
                         self._counts["requests_received"] += 1
-                        await self._admit(limiter, len(frame.data))
+                        # Busy from the moment the request is read: a connection
+                        # is never closed as idle under a request it will not answer.
+                        conn.answering += 1
+                        try:
+                            await self._admit(limiter, len(frame.data))
+                        except BaseException:
+                            conn.answering -= 1
+                            raise
                         nursery.start_soon(self._answer, conn, frame, handler, limiter)
                     case ReplyFrame(req_id, data):
                         conn.settle(req_id, Reply(conn.peer, data))
@@ -745,7 +770,6 @@ class TcpTransport:
 
     async def _answer(self, conn: Connection, request: Request, handler: Handler,
                       limiter: trio.Semaphore) -> None:
-        conn.answering += 1
         try:
             frame: ReplyFrame | ErrorReply
             try:

@@ -8,6 +8,7 @@ import random
 import tracemalloc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import pytest
@@ -314,6 +315,53 @@ async def test_connection_cap_evicts_idle_connections() -> None:
                 for peer in (a, b, c, a):
                     assert (await peer.call(hub.address, "echo", 1))["body"] == 1
                     assert hub.transport.statistics().connections_open <= 2
+
+
+async def test_a_request_on_a_connection_the_peer_ended_unread_goes_out_again() -> None:
+    """A node ends a connection in order (as idle, or for room) only when it has
+    read no request on it that it left unanswered, so a request that was on its
+    way then is sent once more, on a new connection. Here a hand-driven peer
+    ends the first connection when the request arrives and answers on the second."""
+    server_id = Identity.generate()
+    accepted: list[trio.SocketStream] = []
+
+    async def body_of(client: RawClient) -> bytes:
+        while (body := client.decoder.next_body()) is None:
+            client.decoder.feed(await client.stream.receive_some(65536))
+        return body
+
+    async def serve(stream: trio.SocketStream) -> None:
+        accepted.append(stream)
+        client = RawClient(stream, FrameDecoder(1 << 22))
+        shake = Handshake(server_id, NetworkParams(), "127.0.0.1:1", initiator=False,
+                          nonce=bytes(32))
+        hello = await body_of(client)
+        await stream.send_all(encode_frame(shake.hello()))
+        auth = shake.receive_hello(parse_frame(hello, max_size=len(hello)), hello)
+        theirs = await body_of(client)
+        shake.receive_auth(parse_frame(theirs, max_size=len(theirs)), None)
+        await stream.send_all(encode_frame(auth))
+        client.session = shake.session()
+        request = await client.frame()
+        assert isinstance(request, Request)
+        if len(accepted) == 1:
+            await stream.aclose()  # in order, as a node closing an idle connection
+            return
+        await client.send(Reply(request.req_id, b"answered on " + request.data))
+        await client.closed()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        async with tcp_node() as node:
+            assert isinstance(node.transport, TcpTransport)
+            with trio.fail_after(10):
+                reply = await node.transport.request(f"127.0.0.1:{port}", b"the second")
+            assert reply.data == b"answered on the second"
+            assert reply.peer.public_key == server_id.public_key
+            assert len(accepted) == 2
+            assert node.transport.statistics().requests_resent == 1
+        nursery.cancel_scope.cancel()
 
 
 def test_bad_transport_options() -> None:
