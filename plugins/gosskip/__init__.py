@@ -15,7 +15,10 @@ looking up its own name, and every ``rejoin_rounds`` rounds looks it up
 again through known nodes, so rings split by a partition merge when it
 heals. It leaves by falling silent. Only peers the transport authenticated
 answer for themselves in :meth:`GosskipOverlay.closest`; contacts others
-name are only asked.
+name are only asked. A node that sends gossip only claims the address it
+listens at: its gossip is answered, but the sender enters this node's lists
+only once a request there was answered with its key (one find checks a new
+claim, bounded as :class:`~ketten.AddressClaims` says).
 
 Options (``NodeConfig.options["overlay"]``): ``bootstrap`` (list of
 addresses, default none), ``k`` (skip length, 2), ``interval`` (seconds
@@ -39,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 import trio
 
-from ketten import Option, PluginSpec, hookimpl
+from ketten import AddressClaims, Option, PluginSpec, hookimpl
 from ketten.errors import ConfigError, KettenError, ProtocolError, UsageError
 from ketten.interfaces import Peer
 
@@ -55,7 +58,7 @@ from ._messages import (
     encode_gossip,
 )
 from ._names import Contact, key_distance, point
-from ._ring import MAX_LEVELS, Gossip, Ring
+from ._ring import MAX_ENTRIES, MAX_LEVELS, Answer, Gossip, Ring
 
 if TYPE_CHECKING:
     from ketten import Node
@@ -133,6 +136,10 @@ class GosskipStatistics:
     lookups: int
     queries: int
     requests_served: int
+    claims_checked: int = 0
+    """Finds sent to check the address a gossiping node claims before it is taken."""
+    claims_refuted: int = 0
+    """Of those, the ones not answered there with the sender's key."""
 
 
 @attrs.define(eq=False)
@@ -151,12 +158,16 @@ class GosskipOverlay:
     """Levels with a gossip request out: at most one each."""
     _joining: bool = attrs.field(default=False, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
+    _claims: AddressClaims = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._rng = random.Random(self._node.identity.node_id)
         self._order = self._rng.getrandbits(64)
         self._counts = dict.fromkeys(
-            ("gossip_sent", "gossip_failures", "lookups", "queries", "requests_served"), 0)
+            ("gossip_sent", "gossip_failures", "lookups", "queries", "requests_served",
+             "claims_checked", "claims_refuted"), 0)
+        self._claims = AddressClaims(retry_after=self.options.interval
+                                     * (self.options.stale_rounds + 1))
 
     @property
     def ring(self) -> Ring:
@@ -342,8 +353,34 @@ class GosskipOverlay:
         peer, answer = await self._node.request(address, SERVICE, body,
                                                 timeout=self.options.rpc_timeout,
                                                 retransmit=True)
+        self._claims.prove(int.from_bytes(peer.node_id, "big"), peer.address)
         self._heard(peer)
         return peer, answer
+
+    def _proven(self, peer: Peer) -> bool:
+        """Whether the address ``peer`` claims answered with its key; a new claim is
+        checked with one find there (the answer proves it, see :meth:`_rpc`)."""
+        node_id = int.from_bytes(peer.node_id, "big")
+        if self._claims.proven(node_id, peer.address):
+            return True
+        if (self._nursery is not None and peer.public_key != self._node.identity.public_key
+                and self._claims.check(node_id, peer.address, trio.current_time())):
+            self._nursery.start_soon(self._check_claim, peer)
+        return False
+
+    async def _check_claim(self, peer: Peer) -> None:
+        node_id = int.from_bytes(peer.node_id, "big")
+        self._counts["claims_checked"] += 1
+        try:
+            answered, _ = await self._rpc(peer.address, encode_find(peer.node_id))
+            if answered.public_key != peer.public_key:
+                raise ProtocolError(f"{peer.address} answered with another key")
+        except KettenError as exc:
+            _log.debug("the claim of %s to listen at %s did not hold: %s",
+                       peer.node_id.hex()[:16], peer.address, exc)
+            self._counts["claims_refuted"] += 1
+        finally:
+            self._claims.checked(node_id, peer.address)
 
     def _heard(self, peer: Peer) -> None:
         """An authenticated peer spoke: remember its address, report it once."""
@@ -363,10 +400,14 @@ class GosskipOverlay:
         request = decode_request(body)
         ring = self.ring
         self._counts["requests_served"] += 1
+        proven = self._proven(peer)
         if isinstance(request, FindRequest):
-            self._heard(peer)
+            if proven:
+                self._heard(peer)
             return encode_found(self._order, ring.successors, ring.predecessors,
                                 ring.route(request.target, 4))
+        if not proven:  # answered, but not taken until its address is proven
+            return encode_answer(self._order, Answer(tuple(ring.successors[:MAX_ENTRIES])))
         answer = ring.on_gossip(Contact(peer, request.order), request.level, request.entries,
                                 trio.current_time())
         self._heard(peer)
