@@ -193,12 +193,8 @@ class Publisher:
                         conflict_head = event
                         if event is not None:
                             self.note_head(criterion, (event.seq, event.hash))
-                    if reply is not None and reply.route is not None:
-                        self.sets.learn(criterion, reply.route)
-                    elif reply is not None and reply.epoch:
-                        cached = self.sets.cached(criterion)
-                        if cached is not None and cached.config.epoch < reply.epoch:
-                            self.sets.forget(criterion)  # the chain moved: ask again next time
+                    if reply is not None:
+                        self.sets.answered(criterion, reply.route, reply.epoch)
                     attempt.answered(action.target, reply, event, trio.current_time())
 
     def _build(self, call: int, identity: Identity, criterion: bytes, seq: int,

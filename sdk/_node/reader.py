@@ -66,8 +66,8 @@ class Reader:
             else:
                 assert action.target is not None
                 reply = await self._ask_commit(key, action.target, action.urge, until)
-                if reply is not None and reply.route is not None:
-                    self.sets.learn(key, reply.route)
+                if reply is not None:
+                    self.sets.answered(key, reply.route)
                 attempt.answered(action.target, reply, trio.current_time())
 
     async def _ask_commit(self, key: bytes, target: Member, urge: bool,

@@ -307,6 +307,18 @@ class ReplicaSets:
     def forget(self, criterion: bytes) -> None:
         self._routes.pop(criterion, None)
 
+    def answered(self, criterion: bytes, route: Route | None, epoch: int = 0) -> None:
+        """A broker answered about ``criterion``, naming the ``route`` it knows (if
+        any) or the ``epoch`` it is at (0: none). A route is learned; an epoch newer
+        than the cached route's means the chain moved, and the route is forgotten
+        (the next attempt asks the nodes near the key)."""
+        if route is not None:
+            self.learn(criterion, route)
+        elif epoch:
+            cached = self.cached(criterion)
+            if cached is not None and cached.config.epoch < epoch:
+                self.forget(criterion)
+
     def address(self, member: Member) -> str:
         """Where to reach ``member`` now: the overlay's latest address for its key."""
         find = getattr(self.overlay, "address_of", None)
