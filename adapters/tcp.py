@@ -324,9 +324,11 @@ class TcpTransport:
     async def request(self, address: str, data: bytes) -> Reply:
         """Send a request to ``address`` and wait for the reply.
 
-        A request that went out on a connection the peer ended in order before
-        answering (it closes only connections with nothing of ours unanswered
-        that it read) is sent once more on a new connection.
+        A request that went out on a connection the peer then ended in order (end
+        of stream) before answering is sent once more, on a new connection. A
+        node ends connections in order as idle or to make room, and then only
+        with no request read on them unanswered, so the peer never saw it; a
+        node shutting down ends them too, but then refuses the new connection.
 
         Raises :class:`PeerUnreachable` (cannot connect, handshake refused,
         connection closed), :class:`RemoteError` (the peer's handler raised),
