@@ -432,6 +432,11 @@ class TcpTransport:
         self._proven.move_to_end(address)
         return conn
 
+    def address_proven(self, peer: Peer) -> bool:
+        """Whether this node dialed ``peer.address`` and found ``peer``'s key there
+        (the last time it dialed it; up to 4,096 addresses are remembered)."""
+        return self._proven.get(peer.address) == peer.public_key
+
     def _prove(self, address: str, key: bytes) -> None:
         self._proven[address] = key
         self._proven.move_to_end(address)

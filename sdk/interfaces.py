@@ -30,6 +30,7 @@ __all__ = [
     "Store",
     "StoreReader",
     "Transport",
+    "address_proven",
 ]
 
 
@@ -79,6 +80,13 @@ class Transport(Protocol):
     drops a frame silently (TCP: a frame arrives or the connection breaks);
     the node then does not retransmit requests on it. Without the attribute
     the node assumes frames can be lost.
+
+    A transport may also offer ``address_proven(peer) -> bool``: whether it
+    knows by itself that ``peer`` listens at ``peer.address`` (the memory
+    network names each sender by the address it serves at; TCP: this node
+    dialed that address and found that key there). Overlays take such a peer
+    at once instead of checking the address it claims with a request of their
+    own. Without the method every address a peer sends from is only claimed.
     """
 
     @property
@@ -108,6 +116,14 @@ class Transport(Protocol):
     def statistics(self) -> Any:
         """A frozen snapshot of this transport's counters."""
         ...
+
+
+def address_proven(transport: Transport, peer: Peer) -> bool:
+    """Whether ``transport`` itself knows that ``peer`` listens at ``peer.address``
+    (its optional ``address_proven``; see :class:`Transport`). ``False`` when it
+    cannot tell: the address is only claimed."""
+    proven = getattr(transport, "address_proven", None)
+    return bool(proven(peer)) if callable(proven) else False
 
 
 @runtime_checkable

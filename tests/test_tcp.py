@@ -40,8 +40,9 @@ from ketten.adapters._framing import (
     parse_frame,
 )
 from ketten.adapters._tcp_handshake import Handshake, NetworkParams
+from ketten.adapters.memory import MemoryNetwork, MemoryTransport
 from ketten.adapters.tcp import TcpTransport, parse_address
-from ketten.interfaces import Peer, Transport
+from ketten.interfaces import Peer, Transport, address_proven
 
 PM = ketten.plugin_manager()
 
@@ -471,6 +472,22 @@ async def test_stalled_frames_and_idle_peers_are_closed_busy_ones_kept(
             assert (await friend.call(node.address, "echo", 4))["body"] == 4
             assert friend.transport.statistics().connections_dialed == 2
         assert node.transport.statistics().malformed_frames == 0
+
+
+async def test_the_transport_vouches_only_for_addresses_it_dialed() -> None:
+    async with tcp_node() as a, tcp_node() as b:
+        echo_services(b, [])
+        a_peer = Peer(a.address, a.identity.public_key)
+        b_peer = Peer(b.address, b.identity.public_key)
+        assert not address_proven(a.transport, b_peer)
+        await a.call(b.address, "echo", 1)
+        assert address_proven(a.transport, b_peer)
+        assert not address_proven(a.transport, Peer(b.address, Identity.generate().public_key))
+        assert not address_proven(b.transport, a_peer)  # b was only told a's address
+    net = MemoryNetwork(seed=1)
+    memory = MemoryTransport(network=net, identity=Identity.generate(), address="mem:1")
+    assert address_proven(memory, b_peer)  # the network names senders by their address
+    assert not address_proven(object(), b_peer)  # type: ignore[arg-type]
 
 
 async def test_two_nodes_talking_both_ways_keep_one_connection() -> None:

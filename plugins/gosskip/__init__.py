@@ -44,7 +44,7 @@ import trio
 
 from ketten import AddressClaims, Option, PluginSpec, hookimpl
 from ketten.errors import ConfigError, KettenError, ProtocolError, UsageError
-from ketten.interfaces import Peer
+from ketten.interfaces import Peer, address_proven
 
 from ._lookup import Found, Lookup, Query
 from ._messages import (
@@ -361,7 +361,7 @@ class GosskipOverlay:
         """Whether the address ``peer`` claims answered with its key; a new claim is
         checked with one find there (the answer proves it, see :meth:`_rpc`)."""
         node_id = int.from_bytes(peer.node_id, "big")
-        if self._claims.proven(node_id, peer.address):
+        if self._claims.proven(node_id, peer.address) or address_proven(self._node.transport, peer):
             return True
         if (self._nursery is not None and peer.public_key != self._node.identity.public_key
                 and self._claims.check(node_id, peer.address, trio.current_time())):

@@ -62,7 +62,7 @@ from ketten.errors import (
     ProtocolError,
     UsageError,
 )
-from ketten.interfaces import Peer
+from ketten.interfaces import Peer, address_proven
 from ketten.wire import field
 
 from ._ids import Contact, puzzle_ok
@@ -448,7 +448,8 @@ class KademliaOverlay:
         known = self._table.get(node_id)
         if (node_id == self._own or not self.admits(peer.public_key)  # the table refuses it
                 or (known is not None and known.peer.address == peer.address)
-                or self._claims.proven(node_id, peer.address)):
+                or self._claims.proven(node_id, peer.address)
+                or address_proven(self._node.transport, peer)):
             self._observe(peer)
         elif (self._nursery is not None
               and self._claims.check(node_id, peer.address, trio.current_time())):

@@ -106,7 +106,8 @@ class ReplicaSets:
 
     def heard(self, peer: Peer, reached: bool) -> None:
         """``peer`` sent an authenticated request (``reached``: an answer to one sent
-        to its address). A node first heard from through its own request is
+        to its address, or the transport knows it listens there). A node first
+        heard from through its own request is
         remembered at the address it claims while that address is checked with one
         ping: an answer with its key proves it; a claim refused there (nobody
         listens, another node answers) is forgotten and ignored for a minute; a

@@ -35,7 +35,7 @@ from ..errors import (
     StoreCorrupted,
     UsageError,
 )
-from ..interfaces import Peer, Reply, Transport
+from ..interfaces import Peer, Reply, Transport, address_proven
 from ..logs import RateLimitedLog
 
 __all__ = ["Rpc", "RpcStatistics", "guarded"]
@@ -84,8 +84,9 @@ class Rpc:
     request_timeout: float
     seen: Callable[[Peer, bool], None] = lambda peer, reached: None
     """Called with every peer that sent an authenticated request, message or reply,
-    unless it is a client node; ``reached``: it answered a request sent to its
-    address (which it only claims when it sends)."""
+    unless it is a client node; ``reached``: its address is proven, because it
+    answered a request sent there or the transport knows it listens there (see
+    :func:`~ketten.interfaces.address_proven`); otherwise it only claims it."""
     damaged: Callable[[StoreCorrupted], None] = lambda exc: None
     """Called when serving a request found damaged stored data."""
     client: bool = False
@@ -217,7 +218,7 @@ class Rpc:
             self._counts["decode_errors"] += 1
             raise
         if not from_client:
-            self.seen(peer, False)
+            self.seen(peer, address_proven(self.transport, peer))
         handler = self._services.get(service)
         if handler is None:
             self._counts["requests_refused"] += 1
@@ -251,7 +252,7 @@ class Rpc:
             self._counts["decode_errors"] += 1
             return
         if not from_client:
-            self.seen(peer, False)
+            self.seen(peer, address_proven(self.transport, peer))
         handler = self._messages.get(service)
         if handler is None:
             self._counts["requests_refused"] += 1
