@@ -101,3 +101,17 @@ def test_a_refuted_claim_stays_refuted_for_retry_after_unless_proven() -> None:
     claims.refute(5, "h:2", now=2.0)
     claims.prove(5, "h:2")  # it answered there after all
     assert not claims.refuted(5, "h:2", now=3.0) and claims.proven(5, "h:2")
+
+
+def test_a_settled_check_proves_the_claim_only_when_the_claimants_key_answered() -> None:
+    claims = AddressClaims(max_checks=1)
+    assert claims.check(5, "h:1", now=0.0)
+    assert not claims.check(6, "h:2", now=0.0)  # one check out at a time
+    assert not claims.settle(5, "h:1", b"another key", b"key of 5")
+    assert not claims.proven(5, "h:1") and claims.checking == 0
+    assert claims.check(6, "h:2", now=0.0)
+    assert not claims.settle(6, "h:2", None, b"key of 6")  # nobody answered
+    assert claims.check(7, "h:3", now=0.0)
+    assert claims.settle(7, "h:3", b"key of 7", b"key of 7")
+    assert claims.proven(7, "h:3") and not claims.check(7, "h:3", now=1.0)
+    assert (claims.checks, claims.refutations) == (3, 2)

@@ -164,8 +164,7 @@ class GosskipOverlay:
         self._rng = random.Random(self._node.identity.node_id)
         self._order = self._rng.getrandbits(64)
         self._counts = dict.fromkeys(
-            ("gossip_sent", "gossip_failures", "lookups", "queries", "requests_served",
-             "claims_checked", "claims_refuted"), 0)
+            ("gossip_sent", "gossip_failures", "lookups", "queries", "requests_served"), 0)
         self._claims = AddressClaims(retry_after=self.options.interval
                                      * (self.options.stale_rounds + 1))
 
@@ -242,7 +241,9 @@ class GosskipOverlay:
             levels=ring.levels if ring else 0, successors=ring.successors if ring else 0,
             predecessors=ring.predecessors if ring else 0,
             contacts=ring.contacts if ring else 0, repairs=ring.repairs if ring else 0,
-            notifications=ring.notifications if ring else 0, **self._counts)
+            notifications=ring.notifications if ring else 0,
+            claims_checked=self._claims.checks, claims_refuted=self._claims.refutations,
+            **self._counts)
 
     # -- driver --------------------------------------------------------------
 
@@ -369,18 +370,14 @@ class GosskipOverlay:
         return False
 
     async def _check_claim(self, peer: Peer) -> None:
-        node_id = int.from_bytes(peer.node_id, "big")
-        self._counts["claims_checked"] += 1
+        answered: bytes | None = None
         try:
-            answered, _ = await self._rpc(peer.address, encode_find(peer.node_id))
-            if answered.public_key != peer.public_key:
-                raise ProtocolError(f"{peer.address} answered with another key")
+            answered = (await self._rpc(peer.address, encode_find(peer.node_id)))[0].public_key
         except KettenError as exc:
-            _log.debug("the claim of %s to listen at %s did not hold: %s",
-                       peer.node_id.hex()[:16], peer.address, exc)
-            self._counts["claims_refuted"] += 1
+            _log.debug("nobody answered at the address %s claims: %s", peer.address, exc)
         finally:
-            self._claims.checked(node_id, peer.address)
+            self._claims.settle(int.from_bytes(peer.node_id, "big"), peer.address,
+                                answered, peer.public_key)
 
     def _heard(self, peer: Peer) -> None:
         """An authenticated peer spoke: remember its address, report it once."""

@@ -223,8 +223,7 @@ class KademliaOverlay:
         self._rng = random.Random(self._own)
         self._claims = AddressClaims(retry_after=6 * self.options.ping_interval)
         self._counts = dict.fromkeys(
-            ("lookups", "queries", "query_failures", "requests_served", "peers_joined",
-             "claims_checked", "claims_refuted"), 0
+            ("lookups", "queries", "query_failures", "requests_served", "peers_joined"), 0
         )
 
     @property
@@ -331,7 +330,8 @@ class KademliaOverlay:
         table = self._table.statistics()
         return KademliaStatistics(
             contacts=table.contacts, siblings=table.siblings, replacements=table.replacements,
-            evictions=table.evictions, refused=table.refused, **self._counts,
+            evictions=table.evictions, refused=table.refused, claims_checked=self._claims.checks,
+            claims_refuted=self._claims.refutations, **self._counts,
         )
 
     # -- driver --------------------------------------------------------------
@@ -456,19 +456,17 @@ class KademliaOverlay:
             self._nursery.start_soon(self._check_claim, peer)
 
     async def _check_claim(self, peer: Peer) -> None:
-        # The ping's answer, with the claimed key, is what lets the contact in.
-        node_id = int.from_bytes(peer.node_id, "big")
-        self._counts["claims_checked"] += 1
+        # The ping's answer, with the claimed key, is what lets the contact in (_rpc).
+        answered: bytes | None = None
         try:
-            answered, answer = await self._rpc(peer.address, {"op": "ping"})
+            responder, answer = await self._rpc(peer.address, {"op": "ping"})
             _check_pong(answer)
-            _check_key(Contact.of(peer), answered)
+            answered = responder.public_key
         except KettenError as exc:
-            _log.debug("the claim of %s to listen at %s did not hold: %s",
-                       peer.node_id.hex()[:16], peer.address, exc)
-            self._counts["claims_refuted"] += 1
+            _log.debug("nobody answered at the address %s claims: %s", peer.address, exc)
         finally:
-            self._claims.checked(node_id, peer.address)
+            self._claims.settle(int.from_bytes(peer.node_id, "big"), peer.address,
+                                answered, peer.public_key)
 
     def _observe(self, peer: Peer) -> None:
         known = self._known_addresses

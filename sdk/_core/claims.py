@@ -42,6 +42,10 @@ class AddressClaims:
     _checking: set[Pair] = attrs.field(factory=set, init=False)
     _checking_ids: set[int] = attrs.field(factory=set, init=False)
     _refuted: OrderedDict[Pair, float] = attrs.field(factory=OrderedDict, init=False)
+    checks: int = attrs.field(default=0, init=False)
+    """Checks settled (see :meth:`settle`)."""
+    refutations: int = attrs.field(default=0, init=False)
+    """Of those, the ones not answered with the claimant's key."""
 
     def proven(self, node_id: int, address: str) -> bool:
         """Whether a request sent to ``address`` was answered with this node's key."""
@@ -85,6 +89,20 @@ class AddressClaims:
         if (node_id, address) in self._checking:
             self._checking.discard((node_id, address))
             self._checking_ids.discard(node_id)
+
+    def settle(self, node_id: int, address: str, answered: bytes | None,
+               expected: bytes) -> bool:
+        """The request :meth:`check` asked for ended: ``answered`` is the key that
+        answered at ``address`` (``None``: nobody did). ``True`` when it was
+        ``expected``, the claimant's key, which proves the claim (the driver
+        then takes the claimant); the pings out and refuted are counted."""
+        self.checked(node_id, address)
+        self.checks += 1
+        if answered == expected:
+            self.prove(node_id, address)
+            return True
+        self.refutations += 1
+        return False
 
     def refute(self, node_id: int, address: str, now: float) -> None:
         """The ping :meth:`check` asked for found nobody answering there as this node."""
