@@ -17,8 +17,9 @@ heals. It leaves by falling silent. Only peers the transport authenticated
 answer for themselves in :meth:`GosskipOverlay.closest`; contacts others
 name are only asked. A node that sends gossip only claims the address it
 listens at: its gossip is answered, but the sender enters this node's lists
-only once a request there was answered with its key (one find checks a new
-claim, bounded as :class:`~ketten.AddressClaims` says).
+only once a request there was answered with its key or the transport vouches
+for it (:func:`~ketten.interfaces.address_proven`); one find checks a new
+claim, bounded as :class:`~ketten.AddressClaims` says.
 
 Options (``NodeConfig.options["overlay"]``): ``bootstrap`` (list of
 addresses, default none), ``k`` (skip length, 2), ``interval`` (seconds

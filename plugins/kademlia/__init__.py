@@ -13,9 +13,10 @@ S/Kademlia: only an authenticated peer (the :class:`~ketten.interfaces.Peer`
 the transport hands over, whose node id is ``SHA-256(public key)``) ever
 enters the routing table, and only at an address where it answered with its
 key: a node that answers this node's request enters at once; one that sends a
-request only claims its address, so the claim is checked with one ping there
-first (bounded as :class:`~ketten.AddressClaims` says), and a peer claiming
-another node's address never enters. Contacts learned from answers are only
+request only claims its address, so unless the transport vouches for it
+(:func:`~ketten.interfaces.address_proven`) the claim is checked with one
+ping there first (bounded as :class:`~ketten.AddressClaims` says), and a
+peer claiming another node's address never enters. Contacts learned from answers are only
 lookup candidates until they answer themselves. An optional
 static puzzle (``puzzle_difficulty`` leading zero bits of ``H(H(pubkey))``)
 makes ids expensive; the TCP transport reads the same option and refuses
