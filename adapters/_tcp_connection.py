@@ -37,9 +37,10 @@ class Connection:
     answering: int = 0
     """Requests of the peer this node has read and not yet answered."""
     peer_closed: bool = False
-    """The peer ended the connection in order (end of stream). A node closes only
-    connections on which it has no request of the other side left unanswered,
-    so a request that got no answer before this was never read there."""
+    """The peer ended the connection in order (end of stream). A node closing a
+    connection as idle or for room has no request of the other side read on it
+    and unanswered, so a request that got no answer before this was never read
+    there (see ``TcpTransport.request``)."""
     send_timeout: float = 30.0
     """How long one frame may take to leave; a peer that stops reading is cut off."""
     _outbox: list[bytes] = attrs.field(factory=list, init=False)

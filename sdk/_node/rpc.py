@@ -35,7 +35,7 @@ from ..errors import (
     StoreCorrupted,
     UsageError,
 )
-from ..interfaces import Peer, Reply, Transport, address_proven
+from ..interfaces import Peer, Reply, Transport
 from ..logs import RateLimitedLog
 
 __all__ = ["Rpc", "RpcStatistics", "guarded"]
@@ -76,6 +76,10 @@ async def guarded(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
                          type(exc).__name__, exc, key=f"task:{name}", exc_info=True, task=name)
 
 
+
+def _never(peer: Peer) -> bool:
+    return False
+
 @attrs.define(eq=False)
 class Rpc:
     """Request/response for the node's parts, and the transport's frame handler."""
@@ -96,9 +100,13 @@ class Rpc:
     _messages: dict[str, RawMessageService] = attrs.field(factory=dict, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
     _log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(_log), init=False)
+    _vouches: Callable[[Peer], bool] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._counts = dict.fromkeys(attrs.fields_dict(RpcStatistics), 0)
+        # The transport's optional address_proven, resolved once (not per message).
+        vouches = getattr(self.transport, "address_proven", None)
+        self._vouches = vouches if callable(vouches) else _never
 
     def statistics(self) -> RpcStatistics:
         return RpcStatistics(**self._counts)
@@ -218,7 +226,7 @@ class Rpc:
             self._counts["decode_errors"] += 1
             raise
         if not from_client:
-            self.seen(peer, address_proven(self.transport, peer))
+            self.seen(peer, self._vouches(peer))
         handler = self._services.get(service)
         if handler is None:
             self._counts["requests_refused"] += 1
@@ -252,7 +260,7 @@ class Rpc:
             self._counts["decode_errors"] += 1
             return
         if not from_client:
-            self.seen(peer, address_proven(self.transport, peer))
+            self.seen(peer, self._vouches(peer))
         handler = self._messages.get(service)
         if handler is None:
             self._counts["requests_refused"] += 1
