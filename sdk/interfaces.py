@@ -305,7 +305,17 @@ class Overlay(Protocol):
     An overlay whose membership is restricted may have a method
     ``admits(public_key) -> bool``: the node then remembers near keys (to tell a
     chain that does not exist from one whose brokers are out of reach) only the
-    peers it admits, so that strangers cannot stand in for absent members."""
+    peers it admits, so that strangers cannot stand in for absent members.
+
+    An overlay that can fetch chains from nodes other than their brokers (the
+    ``ipfs`` overlay, from the chain's providers) may have a method ``async
+    fetch_chain(criterion, *, head, after, policy, timeout) -> list[Event]``:
+    the checked events that follow ``after`` (the last event this node holds,
+    or ``None``) up to ``head`` (a commit position ``(seq, hash)`` the chain's
+    leader confirmed; ``policy`` is the chain's writer policy). A node reading
+    a chain it does not replicate then fetches a long stretch this way, and
+    what it gets is checked again by the hash links from ``head`` before it is
+    kept; on any :class:`~ketten.errors.KettenError` it asks the brokers."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Join the network, call ``task_status.started()``, then maintain it until cancelled."""

@@ -21,7 +21,7 @@ PACKAGES = {
     "ketten.adapters": Path(ketten.adapters.__file__).parent,
 }
 PUBLIC = {"ketten", "ketten.errors", "ketten.interfaces", "ketten.wire", "ketten.hookspecs",
-          "ketten.testing", "ketten.logs"}
+          "ketten.testing", "ketten.logs", "ketten.ipld"}
 PARTS = ["rpc", "local_chains", "replica_sets", "replicator", "broker", "publisher", "reader",
          "feeds"]
 

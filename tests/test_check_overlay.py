@@ -76,3 +76,12 @@ async def test_the_suite_rejects_wrong_order_and_departed_nodes(
 def test_the_suite_needs_virtual_time() -> None:
     with pytest.raises(ketten.UsageError, match="virtual time"):
         trio.run(check_overlay, kademlia)
+
+
+def ipfs(index: int, seeds: Sequence[str]) -> tuple[str, Mapping[str, Any]]:
+    return "ipfs", {"bootstrap": list(seeds[-1:])}
+
+
+async def test_ipfs_conforms(plugins: pluggy.PluginManager,
+                             autojump_clock: trio.testing.MockClock) -> None:
+    await check_overlay(ipfs, nodes=40, seed=3, plugins=plugins)

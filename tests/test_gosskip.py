@@ -488,4 +488,4 @@ def test_the_jepsen_command_runs_on_gosskip(capsys: pytest.CaptureFixture[str]) 
     assert "gosskip  seed 5: ok" in out and "all 1 runs passed" in out
     with pytest.raises(SystemExit):
         main(["--overlay", "chord"])
-    assert "gosskip, both or all" in capsys.readouterr().err
+    assert "gosskip, ipfs, both or all" in capsys.readouterr().err

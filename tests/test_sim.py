@@ -207,7 +207,7 @@ def test_fault_simulation_without_command_ids(seed: int, family: str, overlay: s
 @pytest.mark.sim
 @pytest.mark.parametrize(("overlay", "seed"), [
     *((overlay, seed) for overlay in ("static", "kademlia") for seed in range(20)),
-    *(("gosskip", seed) for seed in range(5)),
+    *((overlay, seed) for overlay in ("gosskip", "ipfs") for seed in range(5)),
 ])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_fault_simulation(seed: int, family: str, overlay: str, plugins) -> None:

@@ -146,7 +146,9 @@ class Node:
                                     config.request_timeout, self._rng, lambda: self.nursery,
                                     self._options.max_publishing, config.max_event_size)
         self._reader = Reader(self._rpc, chains, sets, replicator, self._broker,
-                              self.identity.public_key, self._rng)
+                              self.identity.public_key, self._rng,
+                              fetch_chain=getattr(self._overlay, "fetch_chain", None),
+                              fetch_timeout=10 * config.request_timeout)
         settings = Feeds.parse_options(config.options_for("subscriptions"),
                                        self._options.anti_entropy)
         self._feeds = Feeds(self._rpc, chains, self._member, self.now_ms, self._members_of,

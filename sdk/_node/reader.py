@@ -3,12 +3,16 @@ reading of committed events.
 
 It asks a chain's leader for its confirmed commit position (the attempt
 decides whom to ask and when), then returns the committed events: from this
-node's copy when it holds the commit, else fetched from the chain's brokers.
+node's copy when it holds the commit, else fetched from the chain's brokers,
+or, for a long stretch and an overlay that can (``fetch_chain``, as the
+``ipfs`` overlay has), from any nodes that provide the chain.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import attrs
 import trio
@@ -39,6 +43,11 @@ class Reader:
     own: bytes
     """This node's public key."""
     rng: random.Random
+    fetch_chain: Callable[..., Awaitable[list[Event]]] | None = None
+    """The overlay's ``fetch_chain`` (see :class:`~ketten.interfaces.Overlay`), if it has one."""
+    fetch_above: int = 256
+    """Events a reader's copy must lack before they are fetched from providers."""
+    fetch_timeout: float = 30.0
 
     async def committed_head(self, key: bytes, until: float) -> tuple[Pos | None, Member | None]:
         """The leader's confirmed commit position and a member that holds it.
@@ -107,6 +116,10 @@ class Reader:
             list(route.config.members()) if route is not None else [])
         sources = [member for member in sources if member.key != self.own]
         if not self.replicator.holds(key):
+            if self.fetch_chain is not None:
+                await self._from_providers(key, commit)
+                if await chains.hash_at(key, commit[0]) == commit[1]:
+                    return await chains.range(key, max(since, 0), commit[0] + 1)
             for member in sources:
                 await self.replicator.pull_committed(self.sets.address(member), key)
                 if await chains.hash_at(key, commit[0]) == commit[1]:
@@ -129,6 +142,24 @@ class Reader:
             if tail and tail[-1].seq == commit[0] and tail[-1].hash == commit[1]:
                 return prefix + [e for e in tail if e.seq >= since]
         raise _unserved(key, commit)
+
+
+    async def _from_providers(self, key: bytes, commit: Pos) -> None:
+        """Extend this node's copy towards ``commit`` from the chain's providers, when
+        it lacks more than :attr:`fetch_above` events (a short tail is one request
+        to a broker). The hash links from ``commit`` prove what they serve; a
+        failure leaves the brokers to serve it."""
+        assert self.fetch_chain is not None
+        head = await self.chains.head(key)
+        if commit[0] - (-1 if head is None else head.seq) <= self.fetch_above:
+            return
+        policy: Any = None if head is None else await self.chains.policy(key)
+        try:
+            events = await self.fetch_chain(key, head=commit, after=head, policy=policy,
+                                            timeout=self.fetch_timeout)
+            await self.chains.accept_committed(key, events, commit=commit)
+        except KettenError:
+            pass
 
 
 def _unserved(key: bytes, commit: Pos) -> QuorumUnavailable:

@@ -136,7 +136,7 @@ class Cluster:
         seeds = [a for i, a in sorted(self.addresses.items()) if i != index][:2]
         if self.transport == "memory" and not seeds:
             seeds = ["n:0"] if index != 0 else []
-        if self.overlay == "kademlia":
+        if self.overlay in ("kademlia", "ipfs"):
             options["overlay"] = {"bootstrap": seeds}
         elif self.overlay == "static":
             options["overlay"] = {"seeds": seeds, "interval": 0.5,

@@ -1,7 +1,7 @@
 """A deterministic fault simulation of replicated chains, checked by :mod:`._jepsen`.
 
 Nodes run on one seeded :class:`~ketten.adapters.memory.MemoryNetwork` in
-virtual time, on the ``static``, ``kademlia`` or ``gosskip`` overlay, with memory
+virtual time, on the ``static``, ``kademlia``, ``gosskip`` or ``ipfs`` overlay, with memory
 stores whose data survives restarts. Publishers (an :class:`ketten.Agent`
 each, retrying a command until it is settled, as an application with an
 outbox would) and readers run on several nodes throughout, while a *family*
@@ -170,7 +170,7 @@ class _Simulation:
     def node_config(self, index: int) -> NodeConfig:
         cfg = self.config
         seeds = [self.address(i) for i in (0, 1) if i != index] or [self.address(0)]
-        if cfg.overlay == "kademlia":
+        if cfg.overlay in ("kademlia", "ipfs"):
             overlay: dict[str, Any] = {"bootstrap": seeds, "rpc_timeout": cfg.request_timeout,
                                        "refresh_interval": 10.0}
         elif cfg.overlay == "gosskip":

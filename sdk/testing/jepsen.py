@@ -36,7 +36,7 @@ __all__ = [
     "run_simulation",
 ]
 
-OVERLAYS = ("static", "kademlia", "gosskip")
+OVERLAYS = ("static", "kademlia", "gosskip", "ipfs")
 _BOTH = ("static", "kademlia")
 
 
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m ketten.tes
     parser.add_argument("--family", default="all",
                         help=f"fault family: {', '.join(FAMILIES)} or all")
     parser.add_argument("--overlay", default="both",
-                        help="static, kademlia, gosskip (or several, comma-separated); "
+                        help="static, kademlia, gosskip, ipfs (or several, comma-separated); "
                              "both: static and kademlia; all: every overlay")
     parser.add_argument("--jobs", type=int, default=1,
                         help="worker processes (default 1; 0: one per core)")
