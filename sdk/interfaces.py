@@ -315,7 +315,9 @@ class Overlay(Protocol):
     leader confirmed; ``policy`` is the chain's writer policy). A node reading
     a chain it does not replicate then fetches a long stretch this way, and
     what it gets is checked again by the hash links from ``head`` before it is
-    kept; on any :class:`~ketten.errors.KettenError` it asks the brokers."""
+    kept; on any :class:`~ketten.errors.KettenError` it asks the brokers. It
+    does so when it lacks more than ``overlay.fetch_above`` events (an
+    integer attribute, default 256); shorter tails come from a broker."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Join the network, call ``task_status.started()``, then maintain it until cancelled."""

@@ -45,7 +45,9 @@ Options (``NodeConfig.options["overlay"]``): every ``kademlia`` option, and
 than ``provider_ttl``), ``blockstore_bytes`` (256 MiB of unpinned blocks),
 ``segment`` (blocks per want, 256), ``fetch_parallel`` (requests open per
 provider, 2), ``provide_held`` (a node provides the chains in its store,
-true), ``provide_fetched`` (a node that fetched a chain provides it, true).
+true), ``provide_fetched`` (a node that fetched a chain provides it, true),
+``read_above`` (``node.read()`` on a node that does not replicate a chain
+fetches from providers when it lacks more than this many events, 256).
 
 What it keeps per peer is bounded: provider records per provider, per key
 and in all (:class:`._providers.ProviderRecords`), and a request asks for at
@@ -119,6 +121,7 @@ class IpfsOptions:
     fetch_parallel: int = 2
     provide_fetched: bool = True
     provide_held: bool = True
+    read_above: int = 256
 
     @classmethod
     def parse(cls, options: Mapping[str, Any], replication: int) -> IpfsOptions:
@@ -131,11 +134,12 @@ class IpfsOptions:
                 if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
                     raise ConfigError(f"ipfs option {name!r} must be a positive number")
                 values[name] = float(value)
-        for name in ("blockstore_bytes", "segment", "fetch_parallel"):
+        for name, low in (("blockstore_bytes", 1), ("segment", 1), ("fetch_parallel", 1),
+                          ("read_above", 0)):
             if name in options:
                 value = options[name]
-                if type(value) is not int or value < 1:
-                    raise ConfigError(f"ipfs option {name!r} must be an integer >= 1")
+                if type(value) is not int or value < low:
+                    raise ConfigError(f"ipfs option {name!r} must be an integer >= {low}")
                 values[name] = value
         if values.get("segment", 1) > MAX_WANT:
             raise ConfigError(f"ipfs option 'segment' must be at most {MAX_WANT}")
@@ -273,6 +277,11 @@ class IpfsOverlay:
 
     def siblings(self) -> list[Peer]:
         return self._dht.siblings()
+
+    @property
+    def fetch_above(self) -> int:
+        """Events a reading node must lack before it fetches them from providers."""
+        return self.options.read_above
 
     @property
     def dht(self) -> KademliaOverlay:
@@ -695,6 +704,7 @@ def ketten_plugin_spec(kind: str, name: str) -> PluginSpec | None:
         "fetch_parallel": Option("requests open per provider during a fetch", int),
         "provide_fetched": Option("a node that fetched a chain provides it", bool),
         "provide_held": Option("a node provides the chains in its store", bool),
+        "read_above": Option("events a read must lack to fetch them from providers", int),
     })
 
 

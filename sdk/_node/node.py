@@ -148,6 +148,7 @@ class Node:
         self._reader = Reader(self._rpc, chains, sets, replicator, self._broker,
                               self.identity.public_key, self._rng,
                               fetch_chain=getattr(self._overlay, "fetch_chain", None),
+                              fetch_above=getattr(self._overlay, "fetch_above", 256),
                               fetch_timeout=10 * config.request_timeout)
         settings = Feeds.parse_options(config.options_for("subscriptions"),
                                        self._options.anti_entropy)

@@ -173,6 +173,9 @@ class _Simulation:
         if cfg.overlay in ("kademlia", "ipfs"):
             overlay: dict[str, Any] = {"bootstrap": seeds, "rpc_timeout": cfg.request_timeout,
                                        "refresh_interval": 10.0}
+            if cfg.overlay == "ipfs":
+                # Every read on a node that is no broker goes through providers.
+                overlay.update(read_above=0, segment=16)
         elif cfg.overlay == "gosskip":
             overlay = {"bootstrap": seeds, "rpc_timeout": cfg.request_timeout,
                        "interval": cfg.overlay_interval}
