@@ -78,7 +78,7 @@ def build_config(settings: Mapping[str, Any]) -> NodeConfig:
     overlay_options = options.setdefault("overlay", {})
     if overlay == "static":
         overlay_options.setdefault("seeds", bootstrap)
-    elif overlay == "kademlia":
+    elif overlay in ("kademlia", "ipfs", "gosskip"):
         overlay_options.setdefault("bootstrap", bootstrap)
     if store != "memory":
         data = settings.get("data")

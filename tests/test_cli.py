@@ -349,3 +349,14 @@ async def test_serve_runs_a_node_until_sigterm(plugins: pluggy.PluginManager, tm
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+@pytest.mark.parametrize("overlay", ["kademlia", "ipfs", "gosskip"])
+def test_serve_bootstraps_every_overlay_that_joins_through_addresses(
+        overlay: str, tmp_path: Path) -> None:
+    from ketten._serve import build_config
+
+    config = build_config({"overlay": overlay, "store": "memory", "key": str(tmp_path / "k"),
+                           "bootstrap": ["127.0.0.1:4001", "127.0.0.1:4002"]})
+    assert config.overlay == overlay
+    assert config.options["overlay"]["bootstrap"] == ["127.0.0.1:4001", "127.0.0.1:4002"]

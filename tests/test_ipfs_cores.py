@@ -308,3 +308,26 @@ def test_the_index_serves_blocks_only_where_the_store_still_matches_it() -> None
     assert index.blocks(key, 9, other[::-1]) == []
     assert not index.extend([other[3]])  # does not follow what is indexed
     assert key not in index  # indexed again from the store when next asked
+
+
+def test_a_block_every_provider_failed_once_is_asked_for_again() -> None:
+    events = chain(20)
+    store = full_store(events)
+    root = store.tip(events[0].criterion)
+    assert root is not None
+    flaky = Provider(1, store)
+    failures = {"left": 2}
+    honest_answer = flaky.answer
+
+    def answer(request: FetchRequest) -> list[bytes] | None:
+        if request.kind is Kind.WANT and failures["left"]:
+            failures["left"] -= 1
+            return None  # lost
+        return honest_answer(request)
+
+    flaky.answer = answer  # type: ignore[method-assign]
+    fetch = run_fetch(root, [flaky], segment=30)
+    assert fetch.done and [b.event for b in fetch.result] == events
+    failures["left"] = 10  # more failures than rounds: a clear failure
+    fetch = run_fetch(root, [flaky], segment=30)
+    assert fetch.error is not None and "no provider served block" in fetch.error

@@ -79,7 +79,7 @@ from ketten.interfaces import Peer
 from ketten.ipld import EventBlock, cid_text
 from ketten.wire import field
 
-from ..kademlia import KademliaOptions, KademliaOverlay, KademliaStatistics
+from ..kademlia import KademliaOptions, KademliaOverlay, KademliaStatistics, decode_contacts
 from ..kademlia import ketten_plugin_spec as _kademlia_spec
 from ._blocks import Blockstore
 from ._fetch import ChainFetch, FetchRequest, Kind
@@ -177,19 +177,6 @@ class IpfsStatistics:
     """Fetched blocks that did not match their CIDs."""
     fetches: int
     fetches_failed: int
-
-
-def _decode_peers(body: Any, where: str) -> list[Peer]:
-    items = field(body, "providers", list, where=where)
-    if len(items) > MAX_PROVIDERS:
-        raise ProtocolError(f"{where} held {len(items)} providers, more than {MAX_PROVIDERS}")
-    out = []
-    for item in items:
-        if (type(item) is not list or len(item) != 2 or type(item[0]) is not str
-                or not item[0] or type(item[1]) is not bytes or len(item[1]) != 32):
-            raise DecodeError("a provider must be [address, 32-byte public key]", where=where)
-        out.append(Peer(item[0], item[1]))
-    return out
 
 
 def _key(body: Any, name: str, where: str) -> bytes:
@@ -317,8 +304,10 @@ class IpfsOverlay:
         return blocks[-1].binary
 
     def tip(self, criterion: bytes) -> bytes | None:
-        """The binary CID of the newest block of ``criterion`` held here."""
-        return self._blocks.tip(criterion)
+        """The binary CID of the newest block of ``criterion`` this node serves: of
+        its store's copy as far as indexed, else of the blockstore's."""
+        found = self._index.tip(criterion)
+        return found[0] if found is not None else self._blocks.tip(criterion)
 
     def unpin(self, criterion: bytes) -> None:
         """Let the chain's blocks be collected when the blockstore is full."""
@@ -385,8 +374,10 @@ class IpfsOverlay:
         async def one(peer: Peer) -> None:
             try:
                 _, answer = await self._rpc(peer, {"op": "providers", "key": key})
-                for provider in _decode_peers(answer, "ipfs providers answer"):
-                    found.setdefault(provider.public_key, provider)
+                for contact in decode_contacts(answer, self.options.kademlia.puzzle_difficulty,
+                                               MAX_PROVIDERS, name="providers",
+                                               where="ipfs providers answer"):
+                    found.setdefault(contact.peer.public_key, contact.peer)
             except KettenError as exc:
                 _log.debug("%s named no providers of %s: %s", peer.address, key.hex()[:16], exc)
 
@@ -549,9 +540,13 @@ class IpfsOverlay:
         if self.options.provide_held and event.criterion not in self._republisher:
             self.provide_soon(event.criterion)
 
-    def cut(self, criterion: bytes) -> None:
-        """The node cut its copy of ``criterion`` back: its CIDs are indexed again."""
+    def cut(self, criterion: bytes, head: Event | None) -> None:
+        """The node cut its copy of ``criterion`` back to ``head``: its CIDs are
+        indexed again; a copy given up entirely is no longer provided (unless the
+        blockstore holds the chain)."""
         self._index.cut(criterion, 0)
+        if head is None and self._blocks.tip(criterion) is None:
+            self._republisher.stop(criterion)
 
     async def _indexed(self, criterion: bytes) -> None:
         """Index the chain of ``criterion`` in the node's store up to its head."""
@@ -720,7 +715,7 @@ def ketten_fork_resolved(node: Node, criterion: bytes, orphaned: Sequence[Event]
                          head: Event | None) -> None:
     overlay = node.overlay
     if isinstance(overlay, IpfsOverlay):
-        overlay.cut(criterion)
+        overlay.cut(criterion, head)
 
 
 @hookimpl

@@ -71,6 +71,8 @@ class ChainFetch:
     """The most blocks one fetch holds (a bound on what providers can make it keep)."""
     max_claims: int = 4096
     """Claims taken from one have answer."""
+    max_rounds: int = 2
+    """Times every provider is asked again for a block they all failed to serve."""
     _kept: dict[bytes, EventBlock] = attrs.field(factory=dict, init=False)
     _queued: dict[bytes, int] = attrs.field(factory=dict, init=False)
     """Wants not yet sent: start CID -> its seq."""
@@ -79,6 +81,7 @@ class ChainFetch:
     _refused: dict[bytes, set[bytes]] = attrs.field(factory=dict, init=False)
     """start CID -> keys of providers that did not serve it."""
     _load: dict[bytes, int] = attrs.field(factory=dict, init=False)
+    _rounds: dict[bytes, int] = attrs.field(factory=dict, init=False)
     _bad: set[bytes] = attrs.field(factory=set, init=False)
     _claimed_by: dict[bytes, bytes] = attrs.field(factory=dict, init=False)
     """A claimed CID -> the key of the provider that claimed it."""
@@ -128,7 +131,7 @@ class ChainFetch:
         if self._result is not None or self._error is not None:
             return []
         if now >= self.deadline:
-            self._fail(f"the deadline passed with block {cid_text(self._missing() or self.root)} "
+            self._fail(f"the deadline passed with block {cid_text(self._gap or self.root)} "
                        "still missing")
             return []
         out: list[FetchRequest] = []
@@ -143,9 +146,17 @@ class ChainFetch:
                                         self.max_claims, self.segment))
         for start in list(self._queued):
             provider = self._usable(start)
+            if provider is None and start == self._gap and self._unservable(start):
+                # Every provider failed the block the chain waits for: ask them all
+                # again (an answer lost to a passing fault), a few rounds at most.
+                rounds = self._rounds.get(start, 0)
+                if rounds < self.max_rounds:
+                    self._rounds[start] = rounds + 1
+                    self._refused.pop(start, None)
+                    provider = self._usable(start)
             if provider is None:
                 if self._unservable(start):
-                    if start == self._missing():
+                    if start == self._gap:
                         self._fail(f"no provider served block {cid_text(start)}")
                         return []
                     # A claim nobody serves (its claimer may just have timed out).
@@ -247,9 +258,6 @@ class ChainFetch:
             block = self._kept.get(cid)
             if block is not None and block.event.seq >= lowest:
                 self._bad.add(self._claimed_by.pop(cid))
-
-    def _missing(self) -> bytes | None:
-        return self._gap
 
     def _usable(self, start: bytes | None) -> Peer | None:
         refused = self._refused.get(start, set()) if start is not None else set()

@@ -73,7 +73,7 @@ from ._routing import Observation, Outcome, RoutingTable
 if TYPE_CHECKING:
     from ketten import Node
 
-__all__ = ["KademliaOptions", "KademliaOverlay", "KademliaStatistics"]
+__all__ = ["KademliaOptions", "KademliaOverlay", "KademliaStatistics", "decode_contacts"]
 
 SERVICE = "kad"
 MAX_REPLY_CONTACTS = 256
@@ -158,18 +158,19 @@ def encode_contacts(contacts: Sequence[Contact]) -> list[list[Any]]:
     return [[c.peer.address, c.peer.public_key] for c in contacts]
 
 
-def decode_contacts(body: Any, difficulty: int, limit: int = MAX_REPLY_CONTACTS) -> list[Contact]:
-    """Contacts of a ``find`` answer that asked for ``limit``. Raises
-    :class:`DecodeError`, :class:`ProtocolError` (more contacts than asked for)."""
-    nodes = field(body, "nodes", list, where="kad find answer")
+def decode_contacts(body: Any, difficulty: int, limit: int = MAX_REPLY_CONTACTS, *,
+                    name: str = "nodes", where: str = "kad find answer") -> list[Contact]:
+    """Contacts (``[address, public key]`` pairs, in field ``name``) of an answer that
+    asked for ``limit``; those whose ids do not solve the puzzle are left out.
+    Raises :class:`DecodeError`, :class:`ProtocolError` (more contacts than asked for)."""
+    nodes = field(body, name, list, where=where)
     if len(nodes) > limit:
-        raise ProtocolError(f"a find answer for {limit} contacts held {len(nodes)}")
+        raise ProtocolError(f"{where} for {limit} contacts held {len(nodes)}")
     out: list[Contact] = []
     for item in nodes:
         if (type(item) is not list or len(item) != 2 or type(item[0]) is not str
                 or type(item[1]) is not bytes or len(item[1]) != 32 or not item[0]):
-            raise DecodeError("a contact must be [address, 32-byte public key]",
-                              where="kad find answer")
+            raise DecodeError("a contact must be [address, 32-byte public key]", where=where)
         contact = Contact.of(Peer(item[0], item[1]))
         if puzzle_ok(contact.node_id, difficulty):
             out.append(contact)
