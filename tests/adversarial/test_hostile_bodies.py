@@ -46,7 +46,7 @@ async def _honest_traffic(monkeypatch: pytest.MonkeyPatch,
 
 
 @pytest.mark.parametrize(("overlay", "seed", "count"), [
-    ("static", 0, 1500), ("kademlia", 1, 1500),
+    ("static", 0, 1500), ("kademlia", 1, 1500), ("ipfs", 2, 1500),
     *(pytest.param(o, s, 6000, marks=pytest.mark.slow)
       for o in ("static", "kademlia") for s in range(2, 6))])
 async def test_mutated_bodies_end_one_request_never_the_node(
@@ -54,8 +54,10 @@ async def test_mutated_bodies_end_one_request_never_the_node(
     count: int,
 ) -> None:
     requests, messages = await _honest_traffic(monkeypatch)
+    # On ipfs every read of a node that is no broker goes through the providers.
+    extra = {"options": {"overlay": {"read_above": 0}}} if overlay == "ipfs" else {}
     async with open_cluster(4, plugins=plugins, transport="tcp", overlay=overlay,
-                            request_timeout=2.0, settle=1.0, seed=seed) as c:
+                            request_timeout=2.0, settle=1.0, seed=seed, **extra) as c:
         key = criterion_key("hostile")
         victim = c.brokers(key)[0]
         writer = c.nodes[c.others(key)[0]]
@@ -66,6 +68,9 @@ async def test_mutated_bodies_end_one_request_never_the_node(
             async for _event in feed:
                 break
         assert {s for s, _ in requests} >= _SERVICES_SEEN_LEAST, {s for s, _ in requests}
+        if overlay == "ipfs":
+            ops = {body.get("op") for s, body in requests if s == "ipfs"}
+            assert ops >= {"provide", "providers", "tip", "have", "want"}, ops
         by_service: dict[str, list[tuple[str, Any]]] = {}
         for service, body in requests:
             by_service.setdefault(service, []).append((service, body))
