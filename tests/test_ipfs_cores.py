@@ -331,3 +331,25 @@ def test_a_block_every_provider_failed_once_is_asked_for_again() -> None:
     failures["left"] = 10  # more failures than rounds: a clear failure
     fetch = run_fetch(root, [flaky], segment=30)
     assert fetch.error is not None and "no provider served block" in fetch.error
+
+
+def test_head_records_keep_the_newest_per_key_bounded_per_publisher_and_in_all() -> None:
+    from ketten.plugins.ipfs._heads import HeadRecords
+
+    heads = HeadRecords(max_keys=3, per_publisher=2)
+    a, b = b"a" * 32, b"b" * 32
+    assert heads.offer(b"k1", b"cid5", 5, b"block5", a)
+    assert not heads.offer(b"k1", b"cid4", 4, b"block4", b)  # older: the held one stays
+    assert heads.get(b"k1") is not None and heads.get(b"k1").seq == 5  # type: ignore[union-attr]
+    assert heads.offer(b"k1", b"cid6", 6, b"block6", b)  # newer, from anyone
+    assert heads.offer(b"k2", b"x", 1, b"x", b)
+    assert not heads.offer(b"k3", b"y", 1, b"y", b)  # b holds two records already
+    assert heads.refused == 1
+    # Two records at one seq (a fork): the same one wins everywhere.
+    assert heads.offer(b"k4", b"cid-b", 2, b"", a)
+    assert heads.offer(b"k4", b"cid-a", 2, b"", a)
+    assert not heads.offer(b"k4", b"cid-c", 2, b"", a)
+    assert heads.get(b"k4").cid == b"cid-a"  # type: ignore[union-attr]
+    for n in range(5):  # more keys than max_keys: the least recently updated go
+        heads.offer(bytes([n]) * 4, b"z", 1, b"z", bytes([n]) * 32)
+    assert len(heads) == 3 and heads.get(b"k1") is None

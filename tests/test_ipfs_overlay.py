@@ -293,3 +293,70 @@ async def test_node_read_fetches_a_long_stretch_from_providers_and_a_short_tail_
         await trio.sleep(5.0)
         found = await overlay_of(cluster[0]).find_providers(KEY)
         assert reader.identity.public_key in {p.public_key for p in found}
+
+
+async def test_head_records_name_the_committed_head_and_a_newer_one_replaces_it(
+        plugins: pluggy.PluginManager, autojump_clock: trio.testing.MockClock) -> None:
+    async with open_cluster(7, plugins=plugins, overlay="ipfs", settle=5.0,
+                            options={"overlay": {"head_interval": 5.0}}) as cluster:
+        chain = await publish(cluster, 20)
+        await trio.sleep(12.0)
+        reader = reader_of(cluster)
+        record = await overlay_of(reader).head_record(KEY)
+        assert record is not None and record.event == chain[-1]
+        assert sum(overlay_of(cluster[i]).statistics().head_records
+                   for i in cluster.nodes) >= 3
+        more = [await cluster[0].publish(NAME, b"more %d" % n, command=100 + n)
+                for n in range(5)]
+        await trio.sleep(12.0)
+        record = await overlay_of(reader).head_record(KEY)
+        assert record is not None and record.event == more[-1]
+        # Without a head, a fetch goes up to the newest head record.
+        assert await overlay_of(reader).fetch_chain(KEY) == chain + more
+        # A broker's commit mark, a reader's copy: both only committed positions.
+        broker = cluster[cluster.brokers(KEY)[0]]
+        assert await broker.local_commit(NAME) == (more[-1].seq, more[-1].hash)
+        # The reader's copy (from an earlier read, or none) is committed as far as it goes.
+        before = await reader.local_commit(NAME)
+        assert before is None or (before[1] == (chain + more)[before[0]].hash)
+        await reader.read(NAME)
+        assert await reader.local_commit(NAME) == (more[-1].seq, more[-1].hash)
+
+
+async def test_forged_or_stale_head_records_are_refused(
+        plugins: pluggy.PluginManager, autojump_clock: trio.testing.MockClock) -> None:
+    from ketten.ipld import event_block
+
+    async with open_cluster(4, plugins=plugins, overlay="ipfs", settle=5.0,
+                            options={"overlay": {"head_interval": 5.0}}) as cluster:
+        chain = await publish(cluster, 3)
+        await trio.sleep(12.0)
+        target = cluster[cluster.brokers(KEY)[0]]
+        asker = cluster[next(i for i in cluster.nodes if cluster[i] is not target)]
+        blocks = [event_block(chain[0], None)]
+        for event in chain[1:]:
+            blocks.append(event_block(event, blocks[-1].binary))
+
+        async def put(key: bytes, cid: bytes, data: bytes) -> Any:
+            _, answer = await asker.request(target.address, "ipfs", {
+                "op": "put_head", "key": key, "cid": cid, "block": data}, timeout=5.0)
+            return answer
+
+        # An older head is not taken; the record held stays.
+        assert await put(KEY, blocks[1].binary, blocks[1].data) == {"ok": False}
+        for key, cid, data in [
+            (KEY, blocks[1].binary, blocks[2].data),          # not the CID's block
+            (criterion_key("other"), blocks[2].binary, blocks[2].data),  # another chain's
+        ]:
+            with pytest.raises(ketten.KettenError):
+                await put(key, cid, data)
+        forger = Identity.from_seed(b"\x66" * 32)
+        forged = Event.create(forger, criterion=KEY, seq=50, prev=chain[-1].hash,
+                              payload=b"forged", time=1)
+        tampered = attrs.evolve(forged, sig=bytes(64))
+        bad = event_block(tampered, blocks[-1].binary)
+        with pytest.raises(ketten.KettenError):
+            await put(KEY, bad.binary, bad.data)  # a signature that does not verify
+        _, answer = await asker.request(target.address, "ipfs", {"op": "get_head", "key": KEY},
+                                        timeout=5.0)
+        assert answer["cid"] == blocks[-1].binary

@@ -18,6 +18,12 @@ style of IPFS:
   :meth:`IpfsOverlay.add_chain`) are kept in a blockstore (:mod:`._blocks`)
   of at most ``blockstore_bytes`` of unpinned blocks, least recently used
   collected first; pinned chains are kept whatever the bound.
+* **Head records** (:mod:`._heads`, in the style of IPNS): a node that holds
+  a committed copy of a chain puts the block of its commit position at the
+  nodes closest to the key, every ``head_interval`` while the copy grows;
+  a newer seq replaces an older record. The block's CID and its author's
+  signature are checked before a record is kept; it is a hint for
+  :meth:`IpfsOverlay.fetch_chain` without a ``head``, never a proof.
 * **Block exchange** (:mod:`._fetch`): :meth:`IpfsOverlay.fetch_chain` fetches
   a chain from several providers at once: one tells where the segments start
   (have), the segments are asked for in parallel (want), every block is
@@ -39,6 +45,9 @@ CID, ``n``: the seq of the block ``c`` names):
 * ``{"op": "want", "key": k, "root": c, "seq": n, "count": m}`` ->
   ``{"blocks": [...]}``: up to ``m`` blocks from ``c`` back, at most
   ``MAX_WANT_BYTES`` (an empty list: do not have)
+* ``{"op": "put_head", "key": k, "cid": c, "block": b}`` -> ``{"ok": bool}``: keep
+  the head record ``b`` if it is newer than the one held
+* ``{"op": "get_head", "key": k}`` -> ``{"cid": c, "block": b}`` or ``{}``
 
 Options (``NodeConfig.options["overlay"]``): every ``kademlia`` option, and
 ``provider_ttl`` (seconds, 48 h), ``republish_interval`` (seconds, 12 h, less
@@ -47,7 +56,8 @@ than ``provider_ttl``), ``blockstore_bytes`` (256 MiB of unpinned blocks),
 provider, 2), ``provide_held`` (a node provides the chains in its store,
 true), ``provide_fetched`` (a node that fetched a chain provides it, true),
 ``read_above`` (``node.read()`` on a node that does not replicate a chain
-fetches from providers when it lacks more than this many events, 256).
+fetches from providers when it lacks more than this many events, 256),
+``head_interval`` (seconds between head records of a growing chain, 30).
 
 What it keeps per peer is bounded: provider records per provider, per key
 and in all (:class:`._providers.ProviderRecords`), and a request asks for at
@@ -76,13 +86,14 @@ from ketten.errors import (
     UsageError,
 )
 from ketten.interfaces import Peer
-from ketten.ipld import EventBlock, cid_text
+from ketten.ipld import EventBlock, cid_text, decode_block
 from ketten.wire import field
 
 from ..kademlia import KademliaOptions, KademliaOverlay, KademliaStatistics, decode_contacts
 from ..kademlia import ketten_plugin_spec as _kademlia_spec
 from ._blocks import Blockstore
 from ._fetch import ChainFetch, FetchRequest, Kind
+from ._heads import HeadRecords
 from ._index import ChainIndex
 from ._providers import ProviderRecords, Republisher
 
@@ -122,13 +133,14 @@ class IpfsOptions:
     provide_fetched: bool = True
     provide_held: bool = True
     read_above: int = 256
+    head_interval: float = 30.0
 
     @classmethod
     def parse(cls, options: Mapping[str, Any], replication: int) -> IpfsOptions:
         """Raises :class:`~ketten.errors.ConfigError` for unknown or bad options."""
         own = {a.name for a in attrs.fields(cls)} - {"kademlia"}
         values: dict[str, Any] = {}
-        for name in ("provider_ttl", "republish_interval"):
+        for name in ("provider_ttl", "republish_interval", "head_interval"):
             if name in options:
                 value = options[name]
                 if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
@@ -177,6 +189,10 @@ class IpfsStatistics:
     """Fetched blocks that did not match their CIDs."""
     fetches: int
     fetches_failed: int
+    heads_put: int
+    """Head records of this node's chains that other nodes took."""
+    head_records: int
+    """Head records this node keeps for others."""
 
 
 def _key(body: Any, name: str, where: str) -> bytes:
@@ -212,6 +228,9 @@ class IpfsOverlay:
     _index: ChainIndex = attrs.field(factory=ChainIndex, init=False)
     _indexing: dict[bytes, trio.Lock] = attrs.field(factory=dict, init=False)
     _blocks: Blockstore = attrs.field(init=False)
+    _heads: HeadRecords = attrs.field(factory=HeadRecords, init=False)
+    _grown: dict[bytes, None] = attrs.field(factory=dict, init=False)
+    """Chains whose copy here grew since their head record was last put."""
     _wake: trio.Event = attrs.field(factory=trio.Event, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
@@ -223,7 +242,8 @@ class IpfsOverlay:
         self._republisher = Republisher(interval=self.options.republish_interval)
         self._blocks = Blockstore(max_bytes=self.options.blockstore_bytes)
         self._counts = dict.fromkeys(("announcements", "blocks_served", "blocks_fetched",
-                                      "blocks_rejected", "fetches", "fetches_failed"), 0)
+                                      "blocks_rejected", "fetches", "fetches_failed",
+                                      "heads_put"), 0)
 
     # -- Overlay (the routing is kademlia's) -------------------------------------
 
@@ -233,6 +253,7 @@ class IpfsOverlay:
         async with trio.open_nursery() as nursery:
             await nursery.start(self._dht.run)
             self._node.register_service(SERVICE, self._serve)
+            nursery.start_soon(self._put_heads)
             task_status.started()
             while True:
                 now = trio.current_time()
@@ -280,7 +301,7 @@ class IpfsOverlay:
             kademlia=self._dht.statistics(), provider_records=len(self._records),
             providing=len(self._republisher), blocks=len(self._blocks),
             block_bytes=self._blocks.size, blocks_collected=self._blocks.collected,
-            **self._counts)
+            head_records=len(self._heads), **self._counts)
 
     # -- blocks and providers ----------------------------------------------------
 
@@ -395,9 +416,10 @@ class IpfsOverlay:
 
         ``head`` is the ``(seq, hash)`` the chain must end at (a commit position
         its brokers confirmed): the hash links from it prove every event, so
-        signatures are not checked again. Without it, the highest tip the
-        providers name is fetched and every signature and the writer policy
-        are checked. ``after`` is the last event this node already holds (only
+        signatures are not checked again. Without it, the chain is fetched up
+        to the newest head record (:meth:`head_record`), else the highest tip
+        the providers name, and every signature and the writer policy are
+        checked: a valid chain, but only as current as those hints. ``after`` is the last event this node already holds (only
         what follows it is fetched; ``policy`` is then the chain's writer
         policy). Every block is checked against its CID first. A node that
         fetched a chain provides it too unless ``provide_fetched`` is off.
@@ -419,7 +441,12 @@ class IpfsOverlay:
                                        else await self.find_providers(criterion))
                            if p.public_key != own]
                 failure: KettenError | None = None
-                for root, seq, named in await self._tips(criterion, sources, head):
+                candidates = await self._tips(criterion, sources, head)
+                if head is None:
+                    record = await self.head_record(criterion)
+                    if record is not None:
+                        candidates.insert(0, (record.binary, record.event.seq, sources))
+                for root, seq, named in candidates:
                     try:
                         blocks = await self._fetch(criterion, root, seq, named, deadline,
                                                    0 if after is None else after.seq + 1)
@@ -536,9 +563,85 @@ class IpfsOverlay:
     # -- the node's chains ---------------------------------------------------------
 
     def held(self, event: Event) -> None:
-        """The node stored ``event``: provide its chain (once, then renewed)."""
-        if self.options.provide_held and event.criterion not in self._republisher:
-            self.provide_soon(event.criterion)
+        """The node stored ``event``: provide its chain (once, then renewed) and put
+        its head record when next due."""
+        if self.options.provide_held:
+            if event.criterion not in self._republisher:
+                self.provide_soon(event.criterion)
+            self._grown[event.criterion] = None
+
+    async def _put_heads(self) -> None:
+        while True:
+            await trio.sleep(self.options.head_interval)
+            grown, self._grown = list(self._grown), {}
+            for criterion in grown:
+                try:
+                    await self.put_head(criterion)
+                except KettenError as exc:
+                    _log.debug("head record of %s not put: %s", criterion.hex()[:16], exc)
+
+    async def put_head(self, criterion: bytes) -> int:
+        """Put the head record of this node's committed copy of ``criterion`` at the
+        ``k`` nodes closest to its key (the overlay does so every ``head_interval``
+        while the copy grows); how many took it."""
+        commit = await self._node.local_commit(criterion)
+        if commit is None:
+            return 0
+        await self._indexed(criterion)
+        events = await self._node.store.range(criterion, commit[0], commit[0] + 1)
+        blocks = self._index.blocks(criterion, commit[0], events)
+        if not blocks or blocks[0].event.hash != commit[1]:
+            return 0
+        block = blocks[0]
+        body = {"op": "put_head", "key": criterion, "cid": block.binary, "block": block.data}
+        own = self._node.identity.public_key
+        closest = await self._dht.closest(_dht_key(criterion), self.options.kademlia.k)
+        taken = 0
+
+        async def one(peer: Peer) -> None:
+            nonlocal taken
+            if peer.public_key == own:
+                taken += self._heads.offer(criterion, block.binary, commit[0], block.data, own)
+                return
+            try:
+                _, answer = await self._rpc(peer, body)
+                taken += field(answer, "ok", bool, where="ipfs put_head answer")
+            except KettenError as exc:
+                _log.debug("%s did not take the head of %s: %s", peer.address,
+                           criterion.hex()[:16], exc)
+
+        async with trio.open_nursery() as nursery:
+            for peer in closest:
+                nursery.start_soon(one, peer)
+        self._counts["heads_put"] += taken
+        return taken
+
+    async def head_record(self, criterion: bytes) -> EventBlock | None:
+        """The newest head record of ``criterion`` the nodes closest to its key hold:
+        the block of a committed head, its CID and the event's signature checked.
+        A hint (a node that lies can name an older head); :meth:`ketten.Node.read`
+        asks the chain's leader instead."""
+        found: list[EventBlock] = []
+        record = self._heads.get(criterion)
+        if record is not None:
+            found.append(decode_block(record.cid, record.block))
+        own = self._node.identity.public_key
+
+        async def one(peer: Peer) -> None:
+            try:
+                _, answer = await self._rpc(peer, {"op": "get_head", "key": criterion})
+                if isinstance(answer, dict) and answer:
+                    found.append(_head_block(answer, criterion, "ipfs get_head answer"))
+            except KettenError as exc:
+                _log.debug("%s named no head of %s: %s", peer.address, criterion.hex()[:16],
+                           exc)
+
+        closest = await self._dht.closest(_dht_key(criterion), self.options.kademlia.k)
+        async with trio.open_nursery() as nursery:
+            for peer in closest:
+                if peer.public_key != own:
+                    nursery.start_soon(one, peer)
+        return max(found, key=lambda b: (b.event.seq, b.binary), default=None)
 
     def cut(self, criterion: bytes, head: Event | None) -> None:
         """The node cut its copy of ``criterion`` back to ``head``: its CIDs are
@@ -588,6 +691,14 @@ class IpfsOverlay:
             key = _key(body, "key", where)
             seq = _seq(body, where) if "seq" in body else None
             return await self._tip(key, seq)
+        if op == "put_head":
+            key = _key(body, "key", where)
+            block = _head_block(body, key, where)
+            return {"ok": self._heads.offer(key, block.binary, block.event.seq, block.data,
+                                            peer.public_key)}
+        if op == "get_head":
+            record = self._heads.get(_key(body, "key", where))
+            return {} if record is None else {"cid": record.cid, "block": record.block}
         if op in ("have", "want"):
             key = _key(body, "key", where)
             root = _key(body, "root", where)
@@ -642,6 +753,19 @@ class IpfsOverlay:
 def _dht_key(key: bytes) -> bytes:
     """The 32-byte key records of ``key`` are kept under (a criterion key is one)."""
     return key if len(key) == 32 else hashlib.sha256(key).digest()
+
+
+def _head_block(body: Any, key: bytes, where: str) -> EventBlock:
+    """The head block in ``body`` (``cid``, ``block``), checked: its CID, its layout,
+    its criterion and its author's signature. Raises :class:`DecodeError`,
+    :class:`ProtocolError`, :class:`~ketten.errors.InvalidSignature`."""
+    cid = _key(body, "cid", where)
+    data: bytes = field(body, "block", bytes, where=where)
+    block = decode_block(cid, data)
+    if block.event.criterion != key:
+        raise ProtocolError(f"{where}: the block is of another criterion")
+    block.event.verify()
+    return block
 
 
 def _bytes_list(body: Any, name: str, where: str, limit: int) -> list[bytes]:
@@ -700,6 +824,7 @@ def ketten_plugin_spec(kind: str, name: str) -> PluginSpec | None:
         "provide_fetched": Option("a node that fetched a chain provides it", bool),
         "provide_held": Option("a node provides the chains in its store", bool),
         "read_above": Option("events a read must lack to fetch them from providers", int),
+        "head_interval": Option("seconds between head records of a growing chain", seconds),
     })
 
 

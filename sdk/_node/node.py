@@ -497,6 +497,20 @@ class Node:
         """The head of the local copy (no network)."""
         return await self._chains.head(self._key(criterion))
 
+    async def local_commit(self, criterion: bytes | str) -> tuple[int, bytes] | None:
+        """The highest position ``(seq, hash)`` of the local copy known to be committed
+        (no network): a replica's durable commit mark, or the head of a reader's
+        copy (which holds committed events only). ``None``: nothing known committed.
+        """
+        key = self._key(criterion)
+        if self._replicator.holds(key):
+            replica = await self._replicator.replica(key)
+            commit = None if replica is None else replica.commit
+            if commit is None or await self._chains.hash_at(key, commit[0]) != commit[1]:
+                return None
+            return commit
+        return await self._chains.head_pos(key)
+
     async def configuration(self, criterion: bytes | str, *,
                             refresh: bool = False) -> ChainConfig | None:
         """The configuration of ``criterion``: the brokers that hold it, with its epoch.
