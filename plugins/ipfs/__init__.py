@@ -115,6 +115,8 @@ _INDEX_PAGE = 1024
 """Events read from the store at a time to index a chain."""
 _SERVE_PAGE = 64
 """Events read from the store at a time to serve a want (events may be large)."""
+_ANNOUNCING = 16
+_EXPIRE_EVERY = 300.0
 _TTL = 48 * 3600.0
 _REPUBLISH = 12 * 3600.0
 _log = logging.getLogger("ketten.ipfs")
@@ -232,6 +234,10 @@ class IpfsOverlay:
     _grown: dict[bytes, None] = attrs.field(factory=dict, init=False)
     """Chains whose copy here grew since their head record was last put."""
     _wake: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _announcing: trio.Semaphore = attrs.field(factory=lambda: trio.Semaphore(_ANNOUNCING),
+                                              init=False)
+    """Announcements under way at a time (a node providing many chains republishes
+    them in a stream, not all at once)."""
     _counts: dict[str, int] = attrs.field(init=False)
 
     supports_client: ClassVar[bool] = True
@@ -255,9 +261,12 @@ class IpfsOverlay:
             self._node.register_service(SERVICE, self._serve)
             nursery.start_soon(self._put_heads)
             task_status.started()
+            expire_at = trio.current_time()
             while True:
                 now = trio.current_time()
-                self._records.expire(now)
+                if now >= expire_at:  # lapsed records are also skipped when read
+                    self._records.expire(now)
+                    expire_at = now + min(_EXPIRE_EVERY, self.options.provider_ttl / 4)
                 for key in self._republisher.due(now):
                     nursery.start_soon(self._announce, key)
                 due = self._republisher.next_due()
@@ -271,19 +280,24 @@ class IpfsOverlay:
         return await self._dht.closest(key, count)
 
     def nearest(self, key: bytes, count: int) -> list[Peer]:
+        """See :meth:`KademliaOverlay.nearest` (the routing table alone)."""
         return self._dht.nearest(key, count)
 
     @property
     def version(self) -> int:
+        """Changes whenever :meth:`nearest` may answer differently."""
         return self._dht.version
 
     def address_of(self, public_key: bytes) -> str | None:
+        """Where the routing table last reached the node with this key, if it knows it."""
         return self._dht.address_of(public_key)
 
     def admits(self, public_key: bytes) -> bool:
+        """Whether a node with this key may join (its id solves the id puzzle)."""
         return self._dht.admits(public_key)
 
     def siblings(self) -> list[Peer]:
+        """The known nodes closest to this node's id, nearest first."""
         return self._dht.siblings()
 
     @property
@@ -297,6 +311,7 @@ class IpfsOverlay:
         return self._dht
 
     def statistics(self) -> IpfsStatistics:
+        """A snapshot of the overlay's counters (the kademlia overlay's among them)."""
         return IpfsStatistics(
             kademlia=self._dht.statistics(), provider_records=len(self._records),
             providing=len(self._republisher), blocks=len(self._blocks),
@@ -341,6 +356,7 @@ class IpfsOverlay:
             self._wake.set()
 
     def stop_providing(self, key: bytes) -> None:
+        """Stop announcing ``key``; the records elsewhere lapse after ``provider_ttl``."""
         self._republisher.stop(key)
 
     async def provide(self, key: bytes) -> int:
@@ -350,6 +366,10 @@ class IpfsOverlay:
         return await self._announce(key)
 
     async def _announce(self, key: bytes) -> int:
+        async with self._announcing:
+            return await self._announce_now(key)
+
+    async def _announce_now(self, key: bytes) -> int:
         own = self._node.identity.public_key
         try:
             closest = await self._dht.closest(_dht_key(key), self.options.kademlia.k)

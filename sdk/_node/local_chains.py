@@ -403,10 +403,10 @@ class LocalChains:
 
         Verifies them first (only their links when they end at ``commit``, a
         commit position the chain's leader confirmed: the links from it prove
-        them, and their signatures were checked when they were committed). Returns how many were added (0 when they do not
-        extend the head, someone else wrote meanwhile, or the chain is
-        replicated here: then its leader alone changes it). Raises
-        :class:`~ketten.errors.InvalidEvent`.
+        them, and their signatures were checked when they were committed).
+        Returns how many were added (0 when they do not extend the head,
+        someone else wrote meanwhile, or the chain is replicated here: then its
+        leader alone changes it). Raises :class:`~ketten.errors.InvalidEvent`.
         """
         if not events or self.replicated(criterion):
             return 0

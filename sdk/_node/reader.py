@@ -143,7 +143,6 @@ class Reader:
                 return prefix + [e for e in tail if e.seq >= since]
         raise _unserved(key, commit)
 
-
     async def _from_providers(self, key: bytes, commit: Pos) -> None:
         """Extend this node's copy towards ``commit`` from the chain's providers, when
         it lacks more than :attr:`fetch_above` events (a short tail is one request
