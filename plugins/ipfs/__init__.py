@@ -20,8 +20,8 @@ style of IPFS:
   collected first; pinned chains are kept whatever the bound.
 * **Head records** (:mod:`._heads`, in the style of IPNS): a node that holds
   a committed copy of a chain puts the block of its commit position at the
-  nodes closest to the key, every ``head_interval`` while the copy grows;
-  a newer seq replaces an older record. The block's CID and its author's
+  nodes closest to the key, every ``head_interval`` while the copy grows
+  and with every provider announcement; a newer seq replaces an older record. The block's CID and its author's
   signature are checked before a record is kept; it is a hint for
   :meth:`IpfsOverlay.fetch_chain` without a ``head``, never a proof.
 * **Block exchange** (:mod:`._fetch`): :meth:`IpfsOverlay.fetch_chain` fetches
@@ -68,6 +68,7 @@ most ``MAX_WANT`` blocks or ``MAX_CLAIMS`` CIDs. The CID index costs about
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -116,6 +117,7 @@ _INDEX_PAGE = 1024
 _SERVE_PAGE = 64
 """Events read from the store at a time to serve a want (events may be large)."""
 _ANNOUNCING = 16
+_HEADS_PER_ROUND = 256
 _EXPIRE_EVERY = 300.0
 _TTL = 48 * 3600.0
 _REPUBLISH = 12 * 3600.0
@@ -366,6 +368,8 @@ class IpfsOverlay:
         return await self._announce(key)
 
     async def _announce(self, key: bytes) -> int:
+        if self.options.provide_held:
+            self._grown[key] = None  # its head record goes out again with it
         async with self._announcing:
             return await self._announce_now(key)
 
@@ -593,7 +597,10 @@ class IpfsOverlay:
     async def _put_heads(self) -> None:
         while True:
             await trio.sleep(self.options.head_interval)
-            grown, self._grown = list(self._grown), {}
+            # A bounded batch per round, oldest growth first; the rest waits its turn.
+            grown = list(itertools.islice(self._grown, _HEADS_PER_ROUND))
+            for criterion in grown:
+                del self._grown[criterion]
             for criterion in grown:
                 try:
                     await self.put_head(criterion)
