@@ -314,8 +314,8 @@ class Overlay(Protocol):
     or ``None``) up to ``head`` (a commit position ``(seq, hash)`` the chain's
     leader confirmed; ``policy`` is the chain's writer policy). A node reading
     a chain it does not replicate then fetches a long stretch this way, and
-    what it gets is checked again by the hash links from ``head`` before it is
-    kept; on any :class:`~ketten.errors.KettenError` it asks the brokers. It
+    what it gets is checked again (links up to ``head``, signatures, writer
+    policy) before it is kept; on any :class:`~ketten.errors.KettenError` it asks the brokers. It
     does so when it lacks more than ``overlay.fetch_above`` events (an
     integer attribute, default 256); shorter tails come from a broker."""
 

@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import trio
 
-from ketten import Event, Option, PluginSpec, Verify, WriterPolicy, check_successor, hookimpl
+from ketten import Event, Option, PluginSpec, WriterPolicy, check_successor, hookimpl
 from ketten.errors import (
     ConfigError,
     DecodeError,
@@ -439,11 +439,11 @@ class IpfsOverlay:
         """The events of ``criterion`` from its providers (or ``providers``), checked.
 
         ``head`` is the ``(seq, hash)`` the chain must end at (a commit position
-        its brokers confirmed): the hash links from it prove every event, so
-        signatures are not checked again. Without it, the chain is fetched up
-        to the newest head record (:meth:`head_record`), else the highest tip
-        the providers name, and every signature and the writer policy are
-        checked: a valid chain, but only as current as those hints. ``after`` is the last event this node already holds (only
+        its brokers confirmed). Without it, the chain is fetched up to the
+        newest head record (:meth:`head_record`), else the highest tip the
+        providers name: a valid chain, but only as current as those hints.
+        Either way every event is checked against its predecessor, the writer
+        policy and its signature, as events from a broker are. ``after`` is the last event this node already holds (only
         what follows it is fetched; ``policy`` is then the chain's writer
         policy). Every block is checked against its CID first. A node that
         fetched a chain provides it too unless ``provide_fetched`` is off.
@@ -809,15 +809,12 @@ def _checked(criterion: bytes, blocks: list[EventBlock], head: tuple[int, bytes]
     """The events of ``blocks``, checked as a chain following ``after`` and ending at
     ``head``. Raises :class:`~ketten.errors.InvalidEvent`."""
     prev = after
-    # Hash links from a confirmed head prove every event: signatures were checked
-    # by the brokers that committed them.
-    verify = Verify.LINKS if head is not None else Verify.FULL
     events: list[Event] = []
     for block in blocks:
         event = block.event
         if event.criterion != criterion:
             raise InvalidEvent(f"a provider served seq {event.seq} of another criterion")
-        check_successor(prev, event, policy=policy, verify=verify)
+        check_successor(prev, event, policy=policy)
         if event.seq == 0:
             policy = WriterPolicy.of(event)
         events.append(event)

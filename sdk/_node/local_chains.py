@@ -397,16 +397,13 @@ class LocalChains:
                 observer(criterion, orphans, head)
         return orphans
 
-    async def accept_committed(self, criterion: bytes, events: Sequence[Event], *,
-                               commit: Pos | None = None) -> int:
+    async def accept_committed(self, criterion: bytes, events: Sequence[Event]) -> int:
         """Append committed events received from a peer where they extend our head.
 
-        Verifies them first (only their links when they end at ``commit``, a
-        commit position the chain's leader confirmed: the links from it prove
-        them, and their signatures were checked when they were committed).
-        Returns how many were added (0 when they do not extend the head,
-        someone else wrote meanwhile, or the chain is replicated here: then its
-        leader alone changes it). Raises :class:`~ketten.errors.InvalidEvent`.
+        Verifies them first. Returns how many were added (0 when they do not
+        extend the head, someone else wrote meanwhile, or the chain is
+        replicated here: then its leader alone changes it). Raises
+        :class:`~ketten.errors.InvalidEvent`.
         """
         if not events or self.replicated(criterion):
             return 0
@@ -421,8 +418,7 @@ class LocalChains:
             if (head is None and start.seq != 0) or (
                     head is not None and (start.seq != head.seq + 1 or start.prev != head.hash)):
                 return 0
-            proven = commit is not None and (fresh[-1].seq, fresh[-1].hash) == commit
-            await self.verify_run(criterion, head, fresh, signatures=not proven)
+            await self.verify_run(criterion, head, fresh)
             try:
                 await self.append(fresh)
             except StoreConflict:

@@ -146,8 +146,9 @@ class Reader:
     async def _from_providers(self, key: bytes, commit: Pos) -> None:
         """Extend this node's copy towards ``commit`` from the chain's providers, when
         it lacks more than :attr:`fetch_above` events (a short tail is one request
-        to a broker). The hash links from ``commit`` prove what they serve; a
-        failure leaves the brokers to serve it."""
+        to a broker). What they serve is kept only if it links to ``commit`` and
+        every event checks out as from a broker; a failure leaves the brokers to
+        serve it."""
         assert self.fetch_chain is not None
         head = await self.chains.head(key)
         if commit[0] - (-1 if head is None else head.seq) <= self.fetch_above:
@@ -156,7 +157,7 @@ class Reader:
         try:
             events = await self.fetch_chain(key, head=commit, after=head, policy=policy,
                                             timeout=self.fetch_timeout)
-            await self.chains.accept_committed(key, events, commit=commit)
+            await self.chains.accept_committed(key, events)
         except KettenError:
             pass
 
