@@ -70,7 +70,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import attrs
@@ -374,35 +374,41 @@ class IpfsOverlay:
             return await self._announce_now(key)
 
     async def _announce_now(self, key: bytes) -> int:
+        taken = await self._place(key, {"op": "provide", "key": key}, "provider record",
+                                  lambda own: self._records.add(key, own, trio.current_time()))
+        self._counts["announcements"] += taken
+        if not taken:
+            self._republisher.failed(key, trio.current_time(),
+                                     retry=min(60.0, self.options.republish_interval))
+        return taken
+
+    async def _place(self, key: bytes, body: dict[str, Any], what: str,
+                     local: Callable[[Peer], bool]) -> int:
+        """Send the record ``body`` to the ``k`` nodes closest to ``key`` (``local``
+        takes it when this node is one of them); how many took it."""
         own = self._node.identity.public_key
         try:
             closest = await self._dht.closest(_dht_key(key), self.options.kademlia.k)
         except KettenError as exc:
-            _log.debug("no nodes found to announce %s to: %s", key.hex()[:16], exc)
-            closest = []
+            _log.debug("no nodes found to take the %s of %s: %s", what, key.hex()[:16], exc)
+            return 0
         taken = 0
 
         async def one(peer: Peer) -> None:
             nonlocal taken
             if peer.public_key == own:
-                self._records.add(key, peer, trio.current_time())
-                taken += 1
+                taken += local(peer)
                 return
             try:
-                _, answer = await self._rpc(peer, {"op": "provide", "key": key})
-                if field(answer, "ok", bool, where="ipfs provide answer"):
-                    taken += 1
+                _, answer = await self._rpc(peer, body)
+                taken += field(answer, "ok", bool, where=f"ipfs {body['op']} answer")
             except KettenError as exc:
-                _log.debug("%s did not take the record of %s: %s", peer.address,
+                _log.debug("%s did not take the %s of %s: %s", peer.address, what,
                            key.hex()[:16], exc)
 
         async with trio.open_nursery() as nursery:
             for peer in closest:
                 nursery.start_soon(one, peer)
-        self._counts["announcements"] += taken
-        if not taken:
-            self._republisher.failed(key, trio.current_time(),
-                                     retry=min(60.0, self.options.republish_interval))
         return taken
 
     async def find_providers(self, key: bytes, count: int = MAX_PROVIDERS) -> list[Peer]:
@@ -621,25 +627,10 @@ class IpfsOverlay:
             return 0
         block = blocks[0]
         body = {"op": "put_head", "key": criterion, "cid": block.binary, "block": block.data}
-        own = self._node.identity.public_key
-        closest = await self._dht.closest(_dht_key(criterion), self.options.kademlia.k)
-        taken = 0
-
-        async def one(peer: Peer) -> None:
-            nonlocal taken
-            if peer.public_key == own:
-                taken += self._heads.offer(criterion, block.binary, commit[0], block.data, own)
-                return
-            try:
-                _, answer = await self._rpc(peer, body)
-                taken += field(answer, "ok", bool, where="ipfs put_head answer")
-            except KettenError as exc:
-                _log.debug("%s did not take the head of %s: %s", peer.address,
-                           criterion.hex()[:16], exc)
-
-        async with trio.open_nursery() as nursery:
-            for peer in closest:
-                nursery.start_soon(one, peer)
+        taken = await self._place(
+            criterion, body, "head record",
+            lambda own: self._heads.offer(criterion, block.binary, commit[0], block.data,
+                                          own.public_key))
         self._counts["heads_put"] += taken
         return taken
 
