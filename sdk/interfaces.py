@@ -309,15 +309,15 @@ class Overlay(Protocol):
 
     An overlay that can fetch chains from nodes other than their brokers (the
     ``ipfs`` overlay, from the chain's providers) may have a method ``async
-    fetch_chain(criterion, *, head, after, policy, timeout) -> list[Event]``:
-    the checked events that follow ``after`` (the last event this node holds,
-    or ``None``) up to ``head`` (a commit position ``(seq, hash)`` the chain's
-    leader confirmed; ``policy`` is the chain's writer policy). A node reading
-    a chain it does not replicate then fetches a long stretch this way, and
-    what it gets is checked again (links up to ``head``, signatures, writer
-    policy) before it is kept; on any :class:`~ketten.errors.KettenError` it asks the brokers. It
-    does so when it lacks more than ``overlay.fetch_above`` events (an
-    integer attribute, default 256); shorter tails come from a broker."""
+    fetch_chain(criterion, *, head, after, policy, timeout, signatures) ->
+    list[Event]``: the events that follow ``after`` (the last event this node
+    holds, or ``None``) up to ``head`` (a commit position ``(seq, hash)`` the
+    chain's leader confirmed; ``policy`` is the chain's writer policy). The
+    node calls it with ``signatures=False`` and checks what it gets itself
+    (links up to ``head``, signatures, writer policy) before it keeps it; on
+    any :class:`~ketten.errors.KettenError` it asks the brokers. It does so
+    when it lacks more than ``overlay.fetch_above`` events (an integer
+    attribute, default 256); shorter tails come from a broker."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Join the network, call ``task_status.started()``, then maintain it until cancelled."""

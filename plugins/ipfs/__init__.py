@@ -76,7 +76,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import attrs
 import trio
 
-from ketten import Event, Option, PluginSpec, WriterPolicy, check_successor, hookimpl
+from ketten import Event, Option, PluginSpec, Verify, WriterPolicy, check_successor, hookimpl
 from ketten.errors import (
     ConfigError,
     DecodeError,
@@ -441,7 +441,7 @@ class IpfsOverlay:
     async def fetch_chain(self, criterion: bytes, *, head: tuple[int, bytes] | None = None,
                           after: Event | None = None, policy: WriterPolicy | None = None,
                           providers: Sequence[Peer] | None = None,
-                          timeout: float = 30.0) -> list[Event]:
+                          timeout: float = 30.0, signatures: bool = True) -> list[Event]:
         """The events of ``criterion`` from its providers (or ``providers``), checked.
 
         ``head`` is the ``(seq, hash)`` the chain must end at (a commit position
@@ -449,7 +449,9 @@ class IpfsOverlay:
         newest head record (:meth:`head_record`), else the highest tip the
         providers name: a valid chain, but only as current as those hints.
         Either way every event is checked against its predecessor, the writer
-        policy and its signature, as events from a broker are. ``after`` is the last event this node already holds (only
+        policy and its signature, as events from a broker are; ``signatures=False``
+        leaves the last two to a caller that checks the events again anyway
+        (the node does, before it keeps them). ``after`` is the last event this node already holds (only
         what follows it is fetched; ``policy`` is then the chain's writer
         policy). Every block is checked against its CID first. A node that
         fetched a chain provides it too unless ``provide_fetched`` is off.
@@ -480,7 +482,8 @@ class IpfsOverlay:
                     try:
                         blocks = await self._fetch(criterion, root, seq, named, deadline,
                                                    0 if after is None else after.seq + 1)
-                        events = _checked(criterion, blocks, head, after, policy)
+                        events = _checked(criterion, blocks, head, after, policy,
+                                          Verify.FULL if signatures else Verify.LINKS)
                     except (InvalidEvent, QuorumUnavailable) as exc:
                         failure = exc  # a tip that does not hold: try the next
                         continue
@@ -796,7 +799,7 @@ def _bytes_list(body: Any, name: str, where: str, limit: int) -> list[bytes]:
 
 
 def _checked(criterion: bytes, blocks: list[EventBlock], head: tuple[int, bytes] | None,
-             after: Event | None, policy: WriterPolicy | None) -> list[Event]:
+             after: Event | None, policy: WriterPolicy | None, verify: Verify) -> list[Event]:
     """The events of ``blocks``, checked as a chain following ``after`` and ending at
     ``head``. Raises :class:`~ketten.errors.InvalidEvent`."""
     prev = after
@@ -805,7 +808,7 @@ def _checked(criterion: bytes, blocks: list[EventBlock], head: tuple[int, bytes]
         event = block.event
         if event.criterion != criterion:
             raise InvalidEvent(f"a provider served seq {event.seq} of another criterion")
-        check_successor(prev, event, policy=policy)
+        check_successor(prev, event, policy=policy, verify=verify)
         if event.seq == 0:
             policy = WriterPolicy.of(event)
         events.append(event)
