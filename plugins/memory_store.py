@@ -160,6 +160,16 @@ class MemoryStore:
         chain = self._backing.chains.get(criterion)
         return list(chain.orphans) if chain else []
 
+    async def drop(self, criterion: bytes) -> int:
+        self._check_open()
+        chain = self._backing.chains.pop(criterion, None)
+        await trio.lowlevel.checkpoint()
+        if chain is None:
+            return 0
+        for event in (*chain.events, *chain.orphans):
+            self._backing.by_hash.pop(event.hash, None)
+        return len(chain.events) + len(chain.orphans)
+
     async def get_cursor(self, name: str) -> bytes | None:
         self._check_open()
         await trio.lowlevel.checkpoint()
@@ -169,7 +179,6 @@ class MemoryStore:
         self._check_open()
         self._backing.cursors[name] = bytes(value)
         await trio.lowlevel.checkpoint()
-
 
     async def cursors(self, prefix: str) -> dict[str, bytes]:
         self._check_open()

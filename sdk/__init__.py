@@ -37,6 +37,7 @@ from ._core.identity import (
 from ._core.membership import ChainConfig, Member
 from ._node.agent import Agent
 from ._node.config import NodeConfig
+from ._node.copies import CopyStatistics
 from ._node.feeds import (
     BrokerSubscriptionStatistics,
     DurableSubscription,
@@ -92,6 +93,7 @@ __all__ = [
     "ChainConfig",
     "CommandIdReused",
     "ConfigError",
+    "CopyStatistics",
     "DecodeError",
     "DependencyUnavailable",
     "DurableSubscription",

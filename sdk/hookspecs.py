@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = [
     "hookimpl",
     "hookspec",
+    "ketten_chain_dropped",
     "ketten_event_appended",
     "ketten_fork_resolved",
     "ketten_make_clock",
@@ -166,6 +167,16 @@ def ketten_fork_resolved(
 
     Called once per cut, after the store has switched branches. The cut events
     were never committed, except in that documented case.
+    """
+
+
+@hookspec
+def ketten_chain_dropped(node: NodeContext, criterion: bytes) -> None:
+    """``node`` dropped its whole copy of ``criterion``: a reader's copy (a chain it
+    does not replicate) given up to keep its copies within the ``replication``
+    option ``copies_events``. The chain lives on at its brokers.
+
+    Called once per drop, after the store removed the copy.
     """
 
 

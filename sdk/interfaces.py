@@ -192,6 +192,21 @@ class Store(Protocol):
         """Events that lost a fork, oldest first."""
         ...
 
+    async def drop(self, criterion: bytes) -> int:
+        """Remove the whole chain of ``criterion``: main chain and orphans.
+
+        Afterwards the store answers for it as for a chain it never held
+        (:meth:`head` is ``None``, :meth:`get` finds none of its events, its
+        command ids are free) and a new chain of ``criterion`` may be
+        appended from seq 0. Cursors are left alone. Atomic and durable
+        before it returns; the space is given back as the store can (see each
+        store). Returns how many events went (main chain and orphans; 0 for
+        a chain not held). The node drops only copies it does not need: a
+        reader's copy collected under ``copies_events``, never a chain it
+        replicates.
+        """
+        ...
+
     async def get_cursor(self, name: str) -> bytes | None:
         """A stored cursor, or ``None``."""
         ...
@@ -199,7 +214,6 @@ class Store(Protocol):
     async def put_cursor(self, name: str, value: bytes) -> None:
         """Store a cursor atomically and durably."""
         ...
-
 
     async def cursors(self, prefix: str) -> Mapping[str, bytes]:
         """Every cursor whose name starts with ``prefix``, as ``{name: value}``."""

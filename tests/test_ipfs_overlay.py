@@ -360,3 +360,30 @@ async def test_forged_or_stale_head_records_are_refused(
         _, answer = await asker.request(target.address, "ipfs", {"op": "get_head", "key": KEY},
                                         timeout=5.0)
         assert answer["cid"] == blocks[-1].binary
+
+
+async def test_a_dropped_reader_copy_is_no_longer_provided(
+        plugins: pluggy.PluginManager, autojump_clock: trio.testing.MockClock) -> None:
+    async with open_cluster(8, plugins=plugins, overlay="ipfs", settle=5.0,
+                            options={"replication": {"copies_events": 40}}) as cluster:
+        outside = [i for i in sorted(cluster.nodes) if i not in cluster.brokers(KEY) and i]
+        other, index = next((name, i) for name in (f"other-{n}" for n in range(100))
+                            for i in outside if i not in cluster.brokers(criterion_key(name)))
+        reader = cluster[index]
+        await publish(cluster, 30)
+        for n in range(30):
+            await cluster[0].publish(other, b"other %d" % n, command=n, deadline=30.0)
+
+        def providing() -> int:
+            return overlay_of(reader).statistics().providing
+
+        before = providing()
+        assert len(await reader.read(NAME)) == 30
+        await trio.sleep(5.0)
+        assert providing() == before + 1
+        assert len(await reader.read(other)) == 30  # 60 events in copies: NAME's goes
+        await trio.sleep(5.0)
+        assert await reader.store.head(KEY) is None
+        assert reader.copy_statistics().copies_dropped == 1
+        assert providing() == before + 1  # other's, no longer NAME's
+        assert overlay_of(reader).tip(KEY) is None

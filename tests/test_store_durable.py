@@ -358,6 +358,38 @@ async def test_file_damaged_frame_header_is_detected_at_open_without_changes(
         FileReader(str(path))
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "file"])
+async def test_a_dropped_chain_stays_dropped_for_offline_readers(kind: str,
+                                                                  tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    await filled(kind, path, chain(30) + chain(5, OTHER))
+    store = make(kind, path)
+    await store.open()
+    assert await store.drop(CRIT) == 30
+    await store.aclose()
+    rd = reader(kind, path)
+    try:
+        assert rd.criteria() == [OTHER]
+        assert list(rd.read_encoded(CRIT)) == []
+        assert len(list(rd.read_encoded(OTHER))) == 5
+    finally:
+        rd.close()
+
+
+async def test_file_drop_frame_of_the_wrong_size_is_named_as_damage(tmp_path: Path) -> None:
+    from ketten.plugins.file_store import _format as fmt
+
+    path = tmp_path / "s"
+    await filled("file", path, chain(3))
+    target = data_file("file", path)
+    with target.open("ab") as out:
+        out.write(fmt.frame(fmt.DROP, CRIT[:31]) + fmt.frame(fmt.COMMIT,
+                                                             fmt.COMMIT_BODY.pack(1)))
+    with pytest.raises(StoreCorrupted, match="control frame of type 5 holds 31 bytes") as info:
+        await make("file", path).open()
+    assert info.value.path == str(target)
+
+
 async def test_file_torn_tail_is_cut_off_at_open(tmp_path: Path) -> None:
     path = tmp_path / "s"
     events = chain(30)

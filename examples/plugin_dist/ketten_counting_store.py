@@ -86,6 +86,9 @@ class CountingStore:
     async def orphans(self, criterion: bytes) -> list[Event]:
         return await self._inner.orphans(criterion)
 
+    async def drop(self, criterion: bytes) -> int:
+        return await self._inner.drop(criterion)
+
     async def get_cursor(self, name: str) -> bytes | None:
         return await self._inner.get_cursor(name)
 

@@ -9,7 +9,7 @@ Options (``NodeConfig.options["store"]``):
 ``segment_bytes``
     Size after which a new segment is started (default 64 MiB).
 
-Every append, fork resolution and quarantine is one batch of checksummed
+Every append, fork resolution, quarantine and drop is one batch of checksummed
 frames closed by a COMMIT frame, written with one ``write`` and made durable
 with ``fdatasync`` before the call returns. Opening replays the segments to
 rebuild the index in memory (checking every frame); a torn write at the end
@@ -380,6 +380,22 @@ class FileStore:
                             key=f"quarantine:{criterion.hex()}", path=self._path,
                             criterion=criterion.hex(), from_seq=from_seq, removed=removed)
             return removed
+
+    async def drop(self, criterion: bytes) -> int:
+        """Forget the chain of ``criterion`` (main chain, orphans, quarantined range)
+        with one durable DROP frame; return how many events went. The segment files
+        keep their frames (the log is append-only and never compacted), so the disk
+        space is not given back. Raises :class:`~ketten.errors.StoreError`.
+        """
+        self._idx()
+        async with self._write_lock:
+            index = self._idx()
+            if criterion not in index.chains:
+                await trio.lowlevel.checkpoint()
+                return 0
+            frames = [fmt.frame(fmt.DROP, fmt.DROP_BODY.pack(criterion))]
+            await self._thread(lambda: self._write_batch(frames))
+            return index.drop(criterion)
 
     async def quarantined(self) -> dict[bytes, tuple[int, int]]:
         """``{criterion: (from_seq, old_height)}`` of quarantined ranges not yet refilled.

@@ -20,6 +20,8 @@ from ketten.errors import StoreCorrupted, StoreFormatError
 
 __all__ = [
     "COMMIT",
+    "DROP",
+    "DROP_BODY",
     "EVENT",
     "FORMAT_VERSION",
     "HEADER",
@@ -48,12 +50,13 @@ Buffer = bytes | mmap.mmap
 MAGIC = 0x4B45
 HEADER = struct.Struct("<HBBII")
 HEADER_SIZE = HEADER.size
-EVENT, REPLACE, QUARANTINE, COMMIT = 1, 2, 3, 4
-TYPES = frozenset((EVENT, REPLACE, QUARANTINE, COMMIT))
+EVENT, REPLACE, QUARANTINE, COMMIT, DROP = 1, 2, 3, 4, 5
+TYPES = frozenset((EVENT, REPLACE, QUARANTINE, COMMIT, DROP))
 MAX_BODY = 1 << 28
 
 REPLACE_BODY = struct.Struct("<32sQ")
 QUARANTINE_BODY = struct.Struct("<32sQQ")
+DROP_BODY = struct.Struct("<32s")
 COMMIT_BODY = struct.Struct("<I")
 _SEGMENT_RE = re.compile(r"\Aseg-(\d{8})\.log\Z")
 

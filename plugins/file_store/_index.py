@@ -133,6 +133,22 @@ class Index:
             self.quarantined[criterion] = (min(low, from_seq), max(high, old_height))
         return len(removed)
 
+    def drop(self, criterion: bytes) -> int:
+        """Forget a chain, main chain and orphans; return how many events went."""
+        chain = self.chains.pop(criterion, None)
+        self.quarantined.pop(criterion, None)
+        if chain is None:
+            return 0
+        locs = set(chain.locs) | {loc for loc, _, _ in chain.orphans}
+        for digest in [d for d in chain.hashes if d is not None] + [
+                d for _, _, d in chain.orphans if d is not None]:
+            if self.by_hash.get(digest) in locs:
+                del self.by_hash[digest]
+        if None in chain.hashes or any(d is None for _, _, d in chain.orphans):
+            for key in [k for k, loc in self.by_hash.items() if loc in locs]:
+                del self.by_hash[key]
+        return len(locs)
+
     def finish(self) -> list[Loc]:
         """Place damaged frames that end a chain; return the locations of the others."""
         left = []
@@ -226,6 +242,10 @@ def replay(
     return end
 
 
+_CONTROL = {fmt.REPLACE: fmt.REPLACE_BODY, fmt.QUARANTINE: fmt.QUARANTINE_BODY,
+            fmt.DROP: fmt.DROP_BODY}
+
+
 def _apply(index: Index, path: str, batch: list[tuple[int, Loc, bytes]]) -> None:
     for kind, loc, body in batch:
         problem: str | None = None
@@ -240,11 +260,18 @@ def _apply(index: Index, path: str, batch: list[tuple[int, Loc, bytes]]) -> None
             problem = index.add_event(
                 loc, criterion, seq, prev, author, command, sha256(body).digest()
             )
-        elif kind == fmt.REPLACE:
-            criterion, seq = fmt.REPLACE_BODY.unpack(body)
-            problem = index.replace(criterion, seq)
-        elif kind == fmt.QUARANTINE:
-            criterion, from_seq, old_height = fmt.QUARANTINE_BODY.unpack(body)
-            index.quarantine(criterion, from_seq, old_height)
+        elif kind in _CONTROL:
+            shape = _CONTROL[kind]
+            if len(body) != shape.size:
+                raise StoreCorrupted(f"a control frame of type {kind} holds {len(body)} bytes, "
+                                     f"not {shape.size}", path=path, offset=loc[1])
+            if kind == fmt.REPLACE:
+                criterion, seq = shape.unpack(body)
+                problem = index.replace(criterion, seq)
+            elif kind == fmt.QUARANTINE:
+                criterion, from_seq, old_height = shape.unpack(body)
+                index.quarantine(criterion, from_seq, old_height)
+            else:
+                index.drop(shape.unpack(body)[0])
         if problem is not None:
             raise StoreCorrupted(f"the log is inconsistent: {problem}", path=path, offset=loc[1])

@@ -862,6 +862,13 @@ def ketten_fork_resolved(node: Node, criterion: bytes, orphaned: Sequence[Event]
 
 
 @hookimpl
+def ketten_chain_dropped(node: Node, criterion: bytes) -> None:
+    overlay = node.overlay
+    if isinstance(overlay, IpfsOverlay):
+        overlay.cut(criterion, None)
+
+
+@hookimpl
 def ketten_make_overlay(name: str, options: Mapping[str, Any], node: Node) -> IpfsOverlay | None:
     if name != "ipfs":
         return None

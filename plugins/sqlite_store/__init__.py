@@ -588,6 +588,24 @@ class SqliteStore:
         removed: list[Event] = await self._write(body)
         return removed
 
+    async def drop(self, criterion: bytes) -> int:
+        """Remove the chain of ``criterion`` (main chain, orphans, quarantine record)
+        in one transaction; return how many events went. Freed pages are reused by
+        later writes (the file does not shrink). Raises :class:`~ketten.errors.StoreError`.
+        """
+
+        def body(conn: sqlite3.Connection, heads: Heads,
+                 changes: Changes) -> tuple[int, Effect]:
+            removed = conn.execute("DELETE FROM events WHERE criterion = ?",
+                                   (criterion,)).rowcount
+            conn.execute("DELETE FROM quarantine WHERE criterion = ?", (criterion,))
+            _store_head(conn, criterion, None)
+            changes[criterion] = None
+            return int(removed), lambda cache: cache.reset(criterion, None)
+
+        removed: int = await self._write(body)
+        return removed
+
     async def put_cursor(self, name: str, value: bytes) -> None:
         """Store a cursor atomically and durably. Raises :class:`~ketten.errors.StoreError`."""
         data = bytes(value)

@@ -284,6 +284,10 @@ class Feeds:
         for key in feed.keys:
             self._by_key.setdefault(key, {})[feed.sid] = feed
 
+    def subscribed(self, criterion: bytes) -> bool:
+        """Is a subscription open on ``criterion`` at this node?"""
+        return criterion in self._by_key
+
     def detach(self, feed: Feed) -> None:
         if self._feeds.get(feed.sid) is feed:
             del self._feeds[feed.sid]

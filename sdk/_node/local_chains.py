@@ -3,7 +3,8 @@
 One lock per chain (every change of a chain happens under it), caches of
 heads and writer policies, appends that arrive while the store is writing
 sharing its next transaction (group commit), verification of received
-runs of events, cutting a chain back (the cut events become orphans), and
+runs of events, cutting a chain back (the cut events become orphans),
+dropping a copy that is not needed, and
 the durable replication state of each chain (a store cursor
 ``ketten/chain/<key>``). Observers hear of appended and orphaned events.
 """
@@ -140,6 +141,7 @@ class _Lock:
 class LocalStatistics:
     events_appended: int
     events_orphaned: int
+    events_dropped: int
     invalid_events: int
     state_writes: int
 
@@ -158,6 +160,7 @@ class LocalChains:
     _group: GroupCommit = attrs.field(init=False)
     _appended: list[Appended] = attrs.field(factory=list, init=False)
     _orphaned: list[Orphaned] = attrs.field(factory=list, init=False)
+    _dropped: list[Callable[[bytes], None]] = attrs.field(factory=list, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -174,6 +177,10 @@ class LocalChains:
     def on_orphaned(self, observer: Orphaned) -> None:
         """Call ``observer(criterion, orphans, new head)`` after a chain was cut back."""
         self._orphaned.append(observer)
+
+    def on_dropped(self, observer: Callable[[bytes], None]) -> None:
+        """Call ``observer(criterion)`` after a whole copy was dropped (:meth:`drop`)."""
+        self._dropped.append(observer)
 
     def count_invalid(self, count: int = 1) -> None:
         self._counts["invalid_events"] += count
@@ -396,6 +403,20 @@ class LocalChains:
             for observer in self._orphaned:
                 observer(criterion, orphans, head)
         return orphans
+
+    async def drop(self, criterion: bytes) -> int:
+        """Remove the whole copy of ``criterion`` from the store (the caller holds the
+        chain's lock and knows the copy is not needed); return how many events went.
+        Observers (:meth:`on_dropped`) hear of it. Raises
+        :class:`~ketten.errors.StoreError`."""
+        try:
+            removed = await self.store.drop(criterion)
+        finally:
+            self.forget(criterion)
+        self._counts["events_dropped"] += removed
+        for observer in self._dropped:
+            observer(criterion)
+        return removed
 
     async def accept_committed(self, criterion: bytes, events: Sequence[Event]) -> int:
         """Append committed events received from a peer where they extend our head.

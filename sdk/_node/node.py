@@ -21,6 +21,7 @@ import pluggy
 import trio
 
 from .._core.chain import Chain, Verify
+from .._core.copies import CopyBudget
 from .._core.event import Event
 from .._core.identity import Identity, criterion_key
 from .._core.membership import ChainConfig, Member, Pos
@@ -36,6 +37,7 @@ from ..errors import (
 from ..interfaces import Clock, Overlay, Peer, Store, Transport
 from .broker import Broker
 from .config import NodeConfig
+from .copies import Copies, CopyStatistics
 from .feeds import (
     BrokerSubscriptionStatistics,
     DurableSubscription,
@@ -105,6 +107,7 @@ class Node:
     _publisher: Publisher = attrs.field(init=False)
     _reader: Reader = attrs.field(init=False)
     _feeds: Feeds = attrs.field(init=False)
+    _copies: Copies = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._rpc = Rpc(_NoTransport(), self.config.request_timeout,  # type: ignore[arg-type]
@@ -157,8 +160,13 @@ class Node:
                             functools.partial(replicator.pull_committed, strict=True),
                             sets.address, config.request_timeout, self._rng, **settings)
         replicator.on_committed(self._feeds.committed)
+        feeds = self._feeds
+        self._copies = Copies(chains, CopyBudget(self._options.copies_events),
+                              lambda key: (replicator.holds(key) or replicator.loaded(key)
+                                           is not None or feeds.subscribed(key)))
         chains.on_appended(self._appended)
         chains.on_orphaned(self._orphaned)
+        chains.on_dropped(self._dropped)
 
     # -- the plugin-facing side (ketten.interfaces.NodeContext) ---------------
 
@@ -283,6 +291,9 @@ class Node:
         self.plugins.hook.ketten_fork_resolved(node=self, criterion=criterion,
                                                orphaned=list(orphans), head=head)
 
+    def _dropped(self, criterion: bytes) -> None:
+        self.plugins.hook.ketten_chain_dropped(node=self, criterion=criterion)
+
     async def _members_of(self, criterion: bytes) -> list[Member]:
         found = await self._sets.route(criterion)
         if isinstance(found, Creation):
@@ -335,6 +346,11 @@ class Node:
     def subscription_statistics(self) -> BrokerSubscriptionStatistics:
         """A frozen snapshot of the broker side of subscriptions (subscriber lists)."""
         return self._feeds.statistics()
+
+    def copy_statistics(self) -> CopyStatistics:
+        """A frozen snapshot of this node's reader copies (chains it holds but does not
+        replicate) and of those dropped to stay within ``copies_events``."""
+        return self._copies.statistics()
 
     # -- publishing --------------------------------------------------------------
 
@@ -420,11 +436,12 @@ class Node:
         """
         key = self._key(criterion)
         commit, source = await self._reader.committed_head(key, trio.current_time() + deadline)
-        if commit is not None:
-            events = await self._reader.committed(key, commit, source, commit[0])
-            if events:
-                return events[-1]
-        return await self._chains.head(key)
+        with self._copies.using(key):
+            if commit is not None:
+                events = await self._reader.committed(key, commit, source, commit[0])
+                if events:
+                    return events[-1]
+            return await self._chains.head(key)
 
     async def read(self, criterion: bytes | str, since: int = 0, *,
                    deadline: float = 10.0) -> list[Event]:
@@ -444,10 +461,25 @@ class Node:
         if commit is None:
             return []
         try:
-            return await self._reader.committed(key, commit, source, since)
+            with self._copies.using(key):
+                return await self._reader.committed(key, commit, source, since)
         except StoreCorrupted as exc:
             self._damaged(exc)
             raise
+
+    async def pin(self, criterion: bytes | str) -> None:
+        """Keep this node's copy of ``criterion`` whatever the ``replication`` option
+        ``copies_events`` says (a copy of a chain this node does not replicate is
+        otherwise dropped when the copies outgrow it, least recently used first).
+        Durable: the pin holds across restarts. Raises
+        :class:`~ketten.errors.UsageError` for a bad criterion,
+        :class:`~ketten.errors.StoreError` if the store fails."""
+        await self._copies.pin(self._key(criterion))
+
+    async def unpin(self, criterion: bytes | str) -> None:
+        """Undo :meth:`pin`: the copy counts against ``copies_events`` again. Raises
+        :class:`~ketten.errors.UsageError`, :class:`~ketten.errors.StoreError`."""
+        await self._copies.pin(self._key(criterion), False)
 
     async def replay(self, criterion: bytes | str, from_seq: int = 0) -> AsyncIterator[Event]:
         """The local copy of ``criterion`` from ``from_seq`` to its head, in chain order.
@@ -737,6 +769,7 @@ async def open_node(
             if node._overlay is not None:
                 await nursery.start(node._overlay.run)
             await nursery.start(node._replicator.run)
+            await nursery.start(node._copies.run)
             nursery.start_soon(node._sets.settle, node._options.anti_entropy)
             await nursery.start(node._feeds.run)
             pm.hook.ketten_node_started(node=node)

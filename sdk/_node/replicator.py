@@ -150,6 +150,10 @@ class ReplicationOptions:
     """Publish calls this node works on at once; later calls wait their turn (in call
     order) before their ``deadline`` starts, so an overloaded node slows its
     publishers down instead of failing them."""
+    copies_events: int = 1_000_000
+    """Events this node keeps in copies of chains it does not replicate (what reads,
+    syncs and subscriptions stored here); beyond that the least recently used
+    copies are dropped, except pinned ones and those with a subscription open."""
     request_timeout: float = 5.0
     batch_bytes: int = 1 << 20
     time: Callable[[], int] | None = None
@@ -158,7 +162,7 @@ class ReplicationOptions:
                        "commit_notice",
                        "catch_up_limit", "creation_memory", "allow_recovery",
                        "creations_per_second", "creation_burst", "author_bytes_per_second",
-                       "author_bytes_burst", "max_publishing", "time"})
+                       "author_bytes_burst", "max_publishing", "copies_events", "time"})
 
     @classmethod
     def parse(cls, options: Mapping[str, Any], *, request_timeout: float,
@@ -191,6 +195,7 @@ class ReplicationOptions:
                                          " (max_event_size: one event must fit)"),
             allow_recovery=allow,
             max_publishing=_at_least(options, "max_publishing", 16),
+            copies_events=_at_least(options, "copies_events", 1_000_000, 0),
             request_timeout=request_timeout,
             batch_bytes=batch_bytes,
             time=clock,

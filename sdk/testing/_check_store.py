@@ -322,6 +322,53 @@ async def _check_forks(factory: StoreFactory, location: str) -> None:
         await store.aclose()
 
 
+async def _check_drop(factory: StoreFactory, location: str) -> None:
+    s = _Section("drop")
+    ident = Identity.from_seed(b"\x19" * 32)
+    a, b = _key("a"), _key("b")
+    store = await _opened(factory, location)
+    try:
+        s.expect(await store.drop(a) == 0, "drop() of a chain never held must return 0")
+        chain = _run_of(ident, a, None, 5, b"dropped", first_command=1)
+        kept = _run_of(ident, b, None, 3, b"kept", first_command=1)
+        await store.append(chain)
+        await store.append(kept)
+        winner = _run_of(ident, a, chain[1], 2, b"winner")
+        await store.replace_from(a, 2, winner)
+        await store.put_cursor("drop-test", b"kept")
+        went = await store.drop(a)
+        s.expect(went == 7, f"drop() returned {went}, expected 7 (4 main-chain events and "
+                 "3 orphans)")
+
+        async def gone(what: str) -> None:
+            await _same_chain(s, store, a, [], what)
+            s.expect(await store.orphans(a) == [], f"{what}: orphans() must be []")
+            for event in [*chain, *winner]:
+                s.expect(await store.get(event.hash) is None,
+                         f"{what}: get() still finds seq {event.seq} of the dropped chain")
+            s.expect(await store.by_command(a, ident.public_key, 1) is None,
+                     f"{what}: by_command() still finds an event of the dropped chain")
+            await _same_chain(s, store, b, kept, f"{what}: another chain")
+            s.expect(await store.get_cursor("drop-test") == b"kept",
+                     f"{what}: drop() must leave cursors alone")
+
+        await gone("after drop()")
+        s.expect(await store.drop(a) == 0, "drop() of a dropped chain must return 0")
+        await store.aclose()
+        await store.open()
+        await gone("after drop(), close and reopen")
+        again = _run_of(ident, a, None, 2, b"again", first_command=1)
+        await store.append(again)
+        await _same_chain(s, store, a, again,
+                          "a new chain with the same command ids after drop()")
+        await store.aclose()
+        await store.open()
+        await _same_chain(s, store, a, again, "the new chain after close and reopen")
+        s.expect(await store.orphans(a) == [], "the new chain after reopen has no orphans")
+    finally:
+        await store.aclose()
+
+
 async def _check_cursors(factory: StoreFactory, location: str) -> None:
     s = _Section("cursors")
     store = await _opened(factory, location)
@@ -509,7 +556,7 @@ async def check_store(
     ``heads``, ``range``), all-or-none refusal of batches that do not extend
     their chain head, the command index (a reused ``(author, command)`` is a
     :class:`~ketten.errors.StoreConflict`), forks (``replace_from`` and
-    ``orphans``), cursors, persistence of all of it across ``aclose()`` and
+    ``orphans``), dropping a chain (``drop``), cursors, persistence of all of it across ``aclose()`` and
     ``open()``, :class:`~ketten.errors.StoreError` on a closed store, and
     ``writers`` concurrent tasks each making ``appends`` appends of 1-3
     events over ``criteria`` chains (retrying on conflicts) while readers
@@ -527,6 +574,7 @@ async def check_store(
         ("commands", lambda loc: _check_commands(factory, loc)),
         ("forks", lambda loc: _check_forks(factory, loc)),
         ("cursors", lambda loc: _check_cursors(factory, loc)),
+        ("drop", lambda loc: _check_drop(factory, loc)),
         ("persistence", lambda loc: _check_persistence(factory, loc)),
         ("concurrency",
          lambda loc: _check_concurrency(factory, loc, writers, appends, criteria)),

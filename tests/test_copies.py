@@ -1,0 +1,162 @@
+"""Reader copies: a node keeps copies of chains it does not replicate within
+``copies_events``, dropping the least recently used, never a pinned one, one
+with a subscription open, one being read, or a chain it replicates."""
+
+from __future__ import annotations
+
+import trio
+
+from ketten import Event, criterion_key
+from ketten._core.copies import CopyBudget
+from ketten.testing import Cluster, open_cluster
+
+# -- the budget on its own ----------------------------------------------------------
+
+
+def test_budget_gives_up_the_least_recently_used_copies_first() -> None:
+    budget = CopyBudget(max_events=10)
+    a, b, c = b"a" * 32, b"b" * 32, b"c" * 32
+    nothing_kept = lambda key: False  # noqa: E731
+    assert not budget.note(a, 4)
+    assert not budget.note(b, 4)
+    assert budget.note(c, 4)  # 12 > 10
+    assert budget.surplus(nothing_kept) == [a]
+    budget.touch(a)  # read again: b is the oldest now
+    assert budget.surplus(nothing_kept) == [b]
+    # A kept copy (pinned, subscribed) neither counts nor goes: 8 events fit.
+    assert budget.surplus(lambda key: key == b) == []
+    budget.note(c, 7)  # a copy's size is replaced, not added: 15
+    assert budget.total == 15 and len(budget) == 3
+    assert budget.surplus(lambda key: key == b) == [a]
+    # A copy being read counts but is passed over, until every read of it ended.
+    budget.use(a)
+    budget.use(a)
+    assert budget.surplus(nothing_kept) == [b, c]
+    budget.done(a)
+    assert budget.in_use(a)
+    budget.done(a)
+    assert not budget.in_use(a)
+    assert budget.surplus(nothing_kept) == [b, c]  # a was touched by its reads
+    budget.forget(b)
+    assert budget.total == 11 and b not in budget
+    assert budget.surplus(nothing_kept) == [c]
+    budget.note(a, 30)
+    assert budget.surplus(nothing_kept) == [c, a]  # everything, if need be
+
+
+def test_budget_of_zero_keeps_only_copies_in_use() -> None:
+    budget = CopyBudget(max_events=0)
+    a = b"a" * 32
+    budget.use(a)
+    assert budget.note(a, 1)
+    assert budget.surplus(lambda key: False) == []
+    budget.done(a)
+    assert budget.surplus(lambda key: False) == [a]
+
+
+# -- on a network -------------------------------------------------------------------
+
+
+def _outside(cluster: Cluster, reader: int, count: int) -> list[str]:
+    """``count`` criterion names that node ``reader`` is no broker of."""
+    names = []
+    for n in range(200):
+        name = f"copy-{n}"
+        if reader in cluster.others(criterion_key(name)):
+            names.append(name)
+            if len(names) == count:
+                return names
+    raise AssertionError("too few criteria outside the reader's replica sets")
+
+
+async def _fill(cluster: Cluster, writer: int, names: list[str], count: int) -> None:
+    for name in names:
+        for n in range(count):
+            await cluster.nodes[writer].publish(name, b"%s-%d" % (name.encode(), n), command=n)
+
+
+async def test_reads_keep_copies_within_the_bound_least_recently_used_going_first(
+        autojump_clock: trio.testing.MockClock) -> None:
+    async with open_cluster(5, seed=31, options={"replication": {"copies_events": 50}}) as c:
+        reader = 4
+        a, b, d = _outside(c, reader, 3)
+        writer = next(i for i in c.brokers(criterion_key(a)) if i != reader)
+        await _fill(c, writer, [a, b, d], 30)
+        node = c.nodes[reader]
+        store = node.store
+
+        assert [e.payload for e in await node.read(a)] == [b"%s-%d" % (a.encode(), n)
+                                                           for n in range(30)]
+        assert (await store.head(criterion_key(a))).seq == 29  # kept as a copy
+        await node.read(b)  # 60 events in copies: a, the least recently used, goes
+        await trio.sleep(1)
+        assert await store.head(criterion_key(a)) is None
+        assert (await store.head(criterion_key(b))).seq == 29
+        stats = node.copy_statistics()
+        assert (stats.copies, stats.copy_events) == (1, 30)
+        assert (stats.copies_dropped, stats.copy_events_dropped) == (1, 30)
+
+        # A dropped copy is read again from the brokers, whole.
+        again = await node.read(a)
+        assert len(again) == 30 and again[-1].seq == 29
+        await trio.sleep(1)
+        assert await store.head(criterion_key(b)) is None  # now b was the oldest
+
+        # A pinned copy stays, whatever the bound; unpinned it counts again.
+        await node.pin(a)
+        await node.read(b)
+        await node.read(d)
+        await trio.sleep(1)
+        assert (await store.head(criterion_key(a))).seq == 29
+        assert await store.head(criterion_key(b)) is None
+        assert (await store.head(criterion_key(d))).seq == 29
+        await node.unpin(a)
+        await trio.sleep(1)
+        assert await store.head(criterion_key(a)) is None
+        assert node.copy_statistics().copy_events <= 50
+
+        # The brokers gave up nothing: they replicate these chains.
+        for name in (a, b, d):
+            for index in c.brokers(criterion_key(name)):
+                head = await c.nodes[index].store.head(criterion_key(name))
+                assert head is not None and head.seq == 29
+                assert c.nodes[index].copy_statistics().copies_dropped == 0 or index == reader
+
+
+async def test_pins_hold_across_restarts_and_subscriptions_keep_their_copies(
+        autojump_clock: trio.testing.MockClock) -> None:
+    async with open_cluster(5, seed=32, options={"replication": {"copies_events": 20}}) as c:
+        reader = 3
+        a, b, d, e = _outside(c, reader, 4)
+        writer = next(i for i in c.brokers(criterion_key(a)) if i != reader)
+        await _fill(c, writer, [a, b, d, e], 15)
+        node = c.nodes[reader]
+        await node.read(a)
+        await node.pin(a)
+        await c.stop(reader)
+        node = await c.start(reader)
+        assert node.copy_statistics().pinned == 1
+        await node.read(b)  # the pinned copy does not count: 15 events fit
+        await trio.sleep(1)
+        assert (await node.store.head(criterion_key(a))).seq == 14
+        assert (await node.store.head(criterion_key(b))).seq == 14
+
+        got: list[Event] = []
+        async with trio.open_nursery() as nursery, node.subscribe(d, start=0) as sub:
+
+            async def take() -> None:
+                async for event in sub:
+                    got.append(event)
+
+            nursery.start_soon(take)
+            await trio.sleep(5)
+            assert len(got) == 15
+            assert (await node.store.head(criterion_key(d))).seq == 14
+            await node.read(e)  # over the bound: b goes; d is subscribed, a pinned
+            await trio.sleep(1)
+            assert (await node.store.head(criterion_key(d))).seq == 14
+            assert await node.store.head(criterion_key(b)) is None
+            assert (await node.store.head(criterion_key(e))).seq == 14
+            nursery.cancel_scope.cancel()
+        assert (await node.store.head(criterion_key(a))).seq == 14
+        assert node.copy_statistics().copies_dropped == 1
