@@ -92,6 +92,9 @@ class SimConfig:
     implicit_commands: bool = False
     """Odd publishers give no command ids: each call (retries included) is a call
     of its own, with a payload of its own, which must be applied at most once."""
+    copies_events: int = 100
+    """Each node's bound on reader copies (the ``replication`` option): small, so
+    that readers drop copies and fetch them again while faults go on."""
 
 
 @attrs.frozen
@@ -104,6 +107,8 @@ class SimResult:
     check: CheckResult
     duration: float
     network: object
+    copies_dropped: int = 0
+    """Reader copies the nodes dropped to stay within ``copies_events``."""
 
     @property
     def ok(self) -> bool:
@@ -194,6 +199,7 @@ class _Simulation:
                 "replication": {
                     "anti_entropy": cfg.anti_entropy,
                     "hysteresis": cfg.hysteresis,
+                    "copies_events": cfg.copies_events,
                     "time": lambda: int(trio.current_time() * 1000),
                 },
                 "subscriptions": {"ttl": 60.0},
@@ -593,6 +599,11 @@ class _Simulation:
 @attrs.define(eq=False)
 class _ForkObserver:
     history: History
+    dropped: int = 0
+
+    @hookimpl
+    def ketten_chain_dropped(self, node: Any, criterion: bytes) -> None:
+        self.dropped += 1
 
     @hookimpl
     def ketten_fork_resolved(self, node: Any, criterion: bytes, orphaned: list[Event],
@@ -623,4 +634,4 @@ def run_simulation(config: SimConfig, *, plugins: pluggy.PluginManager | None = 
                if index < 0}
     result = check(sim.history, snapshot, keys=keys, authors=authors, settle=config.settle)
     return SimResult(config, sim.history, snapshot, result, duration,
-                     sim.network.statistics())
+                     sim.network.statistics(), observer.dropped)

@@ -75,7 +75,8 @@ def run_one(config: SimConfig) -> Outcome:
     line = (f"{config.family:10} {config.overlay:8} seed {config.seed}: "
             f"{'ok' if c.ok else 'FAILED'}  invoked {c.invoked}, acknowledged "
             f"{c.acknowledged}, failed {c.failed}, unknown {c.indeterminate}, reads {c.reads}, "
-            f"events {c.events}, faults {len(result.history.faults)}, converged after "
+            f"events {c.events}, faults {len(result.history.faults)}, copies dropped "
+            f"{result.copies_dropped}, converged after "
             f"{result.snapshot.converged_after} s, virtual {result.duration:.0f} s, "
             f"cpu {spent:.1f} s")
     return Outcome(config, c.ok, line, c.problems, spent)
