@@ -336,20 +336,38 @@ def test_a_block_every_provider_failed_once_is_asked_for_again() -> None:
 def test_head_records_keep_the_newest_per_key_bounded_per_publisher_and_in_all() -> None:
     from ketten.plugins.ipfs._heads import HeadRecords
 
-    heads = HeadRecords(max_keys=3, per_publisher=2)
+    heads = HeadRecords(ttl=100.0, max_keys=3, per_publisher=2)
     a, b = b"a" * 32, b"b" * 32
-    assert heads.offer(b"k1", b"cid5", 5, b"block5", a)
-    assert not heads.offer(b"k1", b"cid4", 4, b"block4", b)  # older: the held one stays
-    assert heads.get(b"k1") is not None and heads.get(b"k1").seq == 5  # type: ignore[union-attr]
-    assert heads.offer(b"k1", b"cid6", 6, b"block6", b)  # newer, from anyone
-    assert heads.offer(b"k2", b"x", 1, b"x", b)
-    assert not heads.offer(b"k3", b"y", 1, b"y", b)  # b holds two records already
+    assert heads.offer(b"k1", b"cid5", 5, b"block5", a, 0.0)
+    assert not heads.offer(b"k1", b"cid4", 4, b"block4", b, 0.0)  # older: the held one stays
+    held = heads.get(b"k1", 0.0)
+    assert held is not None and held.seq == 5
+    assert heads.offer(b"k1", b"cid6", 6, b"block6", b, 0.0)  # newer, from anyone
+    assert heads.offer(b"k2", b"x", 1, b"x", b, 0.0)
+    assert not heads.offer(b"k3", b"y", 1, b"y", b, 0.0)  # b holds two records already
     assert heads.refused == 1
     # Two records at one seq (a fork): the same one wins everywhere.
-    assert heads.offer(b"k4", b"cid-b", 2, b"", a)
-    assert heads.offer(b"k4", b"cid-a", 2, b"", a)
-    assert not heads.offer(b"k4", b"cid-c", 2, b"", a)
-    assert heads.get(b"k4").cid == b"cid-a"  # type: ignore[union-attr]
+    assert heads.offer(b"k4", b"cid-b", 2, b"", a, 0.0)
+    assert heads.offer(b"k4", b"cid-a", 2, b"", a, 0.0)
+    assert not heads.offer(b"k4", b"cid-c", 2, b"", a, 0.0)
+    assert heads.get(b"k4", 0.0).cid == b"cid-a"  # type: ignore[union-attr]
     for n in range(5):  # more keys than max_keys: the least recently updated go
-        heads.offer(bytes([n]) * 4, b"z", 1, b"z", bytes([n]) * 32)
-    assert len(heads) == 3 and heads.get(b"k1") is None
+        heads.offer(bytes([n]) * 4, b"z", 1, b"z", bytes([n]) * 32, 0.0)
+    assert len(heads) == 3 and heads.get(b"k1", 0.0) is None
+
+
+def test_head_records_lapse_unless_put_again() -> None:
+    from ketten.plugins.ipfs._heads import HeadRecords
+
+    heads = HeadRecords(ttl=100.0)
+    a = b"a" * 32
+    assert heads.offer(b"k1", b"cid5", 5, b"block5", a, 0.0)
+    assert heads.offer(b"k2", b"cid1", 1, b"block1", a, 0.0)
+    assert heads.offer(b"k1", b"cid5", 5, b"block5", a, 60.0)  # the same record, put again
+    assert heads.get(b"k2", 99.0) is not None
+    assert heads.get(b"k2", 100.0) is None  # lapsed: never renewed
+    assert heads.get(b"k1", 150.0) is not None  # renewed at 60: lives to 160
+    assert heads.expire(160.0) == 1 and len(heads) == 0
+    # A lapsed record no longer stands in the way of an older one.
+    assert heads.offer(b"k1", b"cid3", 3, b"block3", a, 200.0)
+    assert heads.get(b"k1", 200.0).seq == 3  # type: ignore[union-attr]

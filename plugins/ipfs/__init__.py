@@ -21,7 +21,8 @@ style of IPFS:
 * **Head records** (:mod:`._heads`, in the style of IPNS): a node that holds
   a committed copy of a chain puts the block of its commit position at the
   nodes closest to the key, every ``head_interval`` while the copy grows
-  and with every provider announcement; a newer seq replaces an older record. The block's CID and its author's
+  and with every provider announcement; a newer seq replaces an older record,
+  and a record not put again within ``provider_ttl`` lapses. The block's CID and its author's
   signature are checked before a record is kept; it is a hint for
   :meth:`IpfsOverlay.fetch_chain` without a ``head``, never a proof.
 * **Block exchange** (:mod:`._fetch`): :meth:`IpfsOverlay.fetch_chain` fetches
@@ -232,7 +233,7 @@ class IpfsOverlay:
     _index: ChainIndex = attrs.field(factory=ChainIndex, init=False)
     _indexing: dict[bytes, trio.Lock] = attrs.field(factory=dict, init=False)
     _blocks: Blockstore = attrs.field(init=False)
-    _heads: HeadRecords = attrs.field(factory=HeadRecords, init=False)
+    _heads: HeadRecords = attrs.field(init=False)
     _grown: dict[bytes, None] = attrs.field(factory=dict, init=False)
     """Chains whose copy here grew since their head record was last put."""
     _wake: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -247,6 +248,7 @@ class IpfsOverlay:
     def __attrs_post_init__(self) -> None:
         self._dht = KademliaOverlay(node=self._node, options=self.options.kademlia)
         self._records = ProviderRecords(ttl=self.options.provider_ttl)
+        self._heads = HeadRecords(ttl=self.options.provider_ttl)
         self._republisher = Republisher(interval=self.options.republish_interval)
         self._blocks = Blockstore(max_bytes=self.options.blockstore_bytes)
         self._counts = dict.fromkeys(("announcements", "blocks_served", "blocks_fetched",
@@ -268,6 +270,7 @@ class IpfsOverlay:
                 now = trio.current_time()
                 if now >= expire_at:  # lapsed records are also skipped when read
                     self._records.expire(now)
+                    self._heads.expire(now)
                     expire_at = now + min(_EXPIRE_EVERY, self.options.provider_ttl / 4)
                 for key in self._republisher.due(now):
                     nursery.start_soon(self._announce, key)
@@ -633,7 +636,7 @@ class IpfsOverlay:
         taken = await self._place(
             criterion, body, "head record",
             lambda own: self._heads.offer(criterion, block.binary, commit[0], block.data,
-                                          own.public_key))
+                                          own.public_key, trio.current_time()))
         self._counts["heads_put"] += taken
         return taken
 
@@ -643,7 +646,7 @@ class IpfsOverlay:
         A hint (a node that lies can name an older head); :meth:`ketten.Node.read`
         asks the chain's leader instead."""
         found: list[EventBlock] = []
-        record = self._heads.get(criterion)
+        record = self._heads.get(criterion, trio.current_time())
         if record is not None:
             found.append(decode_block(record.cid, record.block))
         own = self._node.identity.public_key
@@ -716,9 +719,9 @@ class IpfsOverlay:
             key = _key(body, "key", where)
             block = _head_block(body, key, where)
             return {"ok": self._heads.offer(key, block.binary, block.event.seq, block.data,
-                                            peer.public_key)}
+                                            peer.public_key, now)}
         if op == "get_head":
-            record = self._heads.get(_key(body, "key", where))
+            record = self._heads.get(_key(body, "key", where), now)
             return {} if record is None else {"cid": record.cid, "block": record.block}
         if op in ("have", "want"):
             key = _key(body, "key", where)
