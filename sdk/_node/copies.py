@@ -116,9 +116,6 @@ class Copies:
             self._pins.discard(criterion)
             self._wake.set()
 
-    def pinned(self) -> frozenset[bytes]:
-        return frozenset(self._pins)
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Learn the copies in the store, then drop surplus ones whenever the budget is
         exceeded, until cancelled (start it once the replication state is loaded)."""
