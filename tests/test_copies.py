@@ -160,3 +160,13 @@ async def test_pins_hold_across_restarts_and_subscriptions_keep_their_copies(
             nursery.cancel_scope.cancel()
         assert (await node.store.head(criterion_key(a))).seq == 14
         assert node.copy_statistics().copies_dropped == 1
+
+
+def test_pins_are_read_from_cursors_and_junk_is_passed_over() -> None:
+    from ketten._node.copies import PIN_PREFIX, pins_of
+
+    key = b"k" * 32
+    found = pins_of({PIN_PREFIX + key.hex(): b"\x01", PIN_PREFIX + "zz": b"\x01",
+                     PIN_PREFIX + "ab": b"\x01", PIN_PREFIX + (b"u" * 32).hex(): b"",
+                     PIN_PREFIX + (b"v" * 32).hex(): b"\x07"})
+    assert found == {key}

@@ -72,6 +72,10 @@ class CopyBudget:
     def in_use(self, criterion: bytes) -> bool:
         return criterion in self._uses
 
+    def droppable(self, criterion: bytes, keep: Callable[[bytes], bool]) -> bool:
+        """Whether the copy may go now: still a copy here, not in use, not kept."""
+        return criterion in self._sizes and criterion not in self._uses and not keep(criterion)
+
     def surplus(self, keep: Callable[[bytes], bool]) -> list[bytes]:
         """The copies to give up, least recently used first, so that the others fit
         the bound. Copies ``keep`` names (pinned, subscribed) neither count nor go;

@@ -10,7 +10,7 @@ only after checking again that the copy is not needed. Pins
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 import attrs
@@ -18,7 +18,7 @@ import trio
 
 from .._core.copies import CopyBudget
 from .._core.event import Event
-from ..errors import KettenError, StoreError
+from ..errors import StoreError
 from ..logs import RateLimitedLog
 from .local_chains import LocalChains
 
@@ -50,7 +50,8 @@ class Copies:
     chains: LocalChains
     budget: CopyBudget
     needed: Callable[[bytes], bool]
-    """Is the chain needed here for another reason (replicated, subscribed)?"""
+    """Is the chain needed here for another reason (replicated, being created,
+    subscribed)?"""
     _pins: set[bytes] = attrs.field(factory=set, init=False)
     _wake: trio.Event = attrs.field(factory=trio.Event, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
@@ -96,13 +97,7 @@ class Copies:
 
     async def load(self) -> None:
         """Learn the copies and pins in the store (at start)."""
-        for name, value in (await self.chains.store.cursors(PIN_PREFIX)).items():
-            try:
-                key = bytes.fromhex(name[len(PIN_PREFIX):])
-            except ValueError:
-                continue
-            if len(key) == 32 and value == _PINNED:
-                self._pins.add(key)
+        self._pins = pins_of(await self.chains.store.cursors(PIN_PREFIX))
         for criterion, (seq, _) in sorted((await self.chains.store.heads()).items()):
             self._note(criterion, seq + 1)
 
@@ -130,12 +125,8 @@ class Copies:
         """Drop copies until the rest fit the budget; return how many went."""
         dropped = 0
         for criterion in self.budget.surplus(self._keep):
-            async with self.chains.lock(criterion):
-                if criterion not in self.budget or self.budget.in_use(criterion) or self._keep(
-                        criterion):
-                    continue
-                if self.chains.replicated(criterion):
-                    self.budget.forget(criterion)
+            async with self.chains.lock(criterion):  # checked again: it may be needed now
+                if not self.budget.droppable(criterion, self._keep):
                     continue
                 try:
                     removed = await self.chains.drop(criterion)
@@ -143,10 +134,22 @@ class Copies:
                     _log.warning("copy_drop_failed", "dropping the copy of %s failed: %s",
                                  criterion.hex()[:16], exc, key="copy_drop_failed")
                     continue
-                except KettenError:
-                    continue
                 self.budget.forget(criterion)
                 self._counts["copies_dropped"] += 1
                 self._counts["copy_events_dropped"] += removed
                 dropped += 1
         return dropped
+
+
+
+def pins_of(cursors: Mapping[str, bytes]) -> set[bytes]:
+    """The pinned chains among the store cursors under :data:`PIN_PREFIX`."""
+    pins = set()
+    for name, value in cursors.items():
+        try:
+            key = bytes.fromhex(name[len(PIN_PREFIX):])
+        except ValueError:
+            continue
+        if len(key) == 32 and value == _PINNED:
+            pins.add(key)
+    return pins
