@@ -163,12 +163,13 @@ class MemoryStore:
     async def drop(self, criterion: bytes) -> int:
         self._check_open()
         chain = self._backing.chains.pop(criterion, None)
+        removed = 0
+        if chain is not None:
+            for event in (*chain.events, *chain.orphans):
+                self._backing.by_hash.pop(event.hash, None)
+            removed = len(chain.events) + len(chain.orphans)
         await trio.lowlevel.checkpoint()
-        if chain is None:
-            return 0
-        for event in (*chain.events, *chain.orphans):
-            self._backing.by_hash.pop(event.hash, None)
-        return len(chain.events) + len(chain.orphans)
+        return removed
 
     async def get_cursor(self, name: str) -> bytes | None:
         self._check_open()

@@ -137,6 +137,9 @@ class Index:
         """Forget a chain, main chain and orphans; return how many events went."""
         chain = self.chains.pop(criterion, None)
         self.quarantined.pop(criterion, None)
+        # Damaged frames of the chain waiting for their place (a replay) go with it.
+        self._damage = [(loc, hint) for loc, hint in self._damage
+                        if hint is None or hint[0] != criterion]
         if chain is None:
             return 0
         locs = set(chain.locs) | {loc for loc, _, _ in chain.orphans}
