@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import secrets
 from collections.abc import Iterable, Mapping
 from hashlib import sha256
 from typing import Any
@@ -19,6 +20,7 @@ from ketten.errors import ConfigError, StoreError
 
 __all__ = [
     "HASH_SIZE",
+    "TMP_SUFFIX",
     "DirLock",
     "atomic_write",
     "event_prefix",
@@ -133,10 +135,16 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+TMP_SUFFIX = ".tmp"
+"""Temporary files of :func:`atomic_write` end so; one left by a crash is garbage."""
+
+
 def atomic_write(path: str, data: bytes) -> None:
     """Replace ``path`` by ``data`` durably: write a temporary file, fsync, rename, fsync dir."""
     directory = os.path.dirname(path) or "."
-    tmp = f"{path}.tmp"
+    # A name of its own per write: two writes of one path at once (two threads)
+    # must not share a temporary file.
+    tmp = f"{path}.{secrets.token_hex(6)}{TMP_SUFFIX}"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)

@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+import trio
 
 from ketten import Event, Identity, NodeConfig, Verify, criterion_key, open_node, plugin_manager
 from ketten._core.chain import scan_encoded_chain
@@ -374,6 +375,37 @@ async def test_a_dropped_chain_stays_dropped_for_offline_readers(kind: str,
         assert len(list(rd.read_encoded(OTHER))) == 5
     finally:
         rd.close()
+
+
+async def test_file_cursor_writes_in_progress_or_left_by_a_crash_are_no_cursors(
+        tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    store = make("file", path)
+    await store.open()
+    await store.put_cursor("ketten/x", b"kept")
+    folder = path / "cursors"
+    (name,) = os.listdir(folder)
+    # What a write looks like between its temporary file and the rename: half written.
+    (folder / f"{name}.1a2b3c4d5e6f.tmp").write_bytes(b"KC")
+    (folder / "README").write_bytes(b"not ours")
+    assert await store.cursors("ketten/") == {"ketten/x": b"kept"}
+    await store.aclose()
+    await store.open()  # a crash's leftovers are removed when the store opens
+    assert sorted(os.listdir(folder)) == sorted([name, "README"])
+    assert await store.cursors("") == {"ketten/x": b"kept"}
+
+    async def write(n: int) -> None:
+        for _ in range(20):
+            await store.put_cursor("ketten/x", b"%d" % n)
+
+    async with trio.open_nursery() as nursery:  # one name written by many threads at once
+        for n in range(4):
+            nursery.start_soon(write, n)
+        for _ in range(20):
+            assert (await store.cursors("ketten/")).keys() == {"ketten/x"}
+    assert await store.get_cursor("ketten/x") in {b"0", b"1", b"2", b"3"}
+    assert not [e for e in os.listdir(folder) if e.endswith(".tmp")]
+    await store.aclose()
 
 
 async def test_file_drop_frame_of_the_wrong_size_is_named_as_damage(tmp_path: Path) -> None:

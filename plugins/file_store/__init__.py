@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -45,7 +46,7 @@ from ketten.errors import (
 )
 from ketten.logs import RateLimitedLog
 
-from .._store_records import DirLock, atomic_write, fsync_dir, store_path
+from .._store_records import TMP_SUFFIX, DirLock, atomic_write, fsync_dir, store_path
 from . import _format as fmt
 from ._index import Index, Loc
 from ._read import (
@@ -68,6 +69,7 @@ _DEFAULT_SEGMENT_BYTES = 64 << 20
 _QUARANTINE_FILE = "quarantine"
 _events = RateLimitedLog(logging.getLogger("ketten.store"))
 _CURSORS = "cursors"
+_CURSOR_NAME = re.compile(r"\A[0-9a-f]{40}\Z")
 
 
 def _short(key: bytes) -> str:
@@ -79,6 +81,18 @@ def _decode(raw: bytes, path: str, loc: Loc) -> Event:
         return Event.from_bytes(raw)
     except DecodeError as exc:
         raise StoreCorrupted(f"undecodable event ({exc})", path=path, offset=loc[1]) from None
+
+
+def _remove_leftovers(path: str) -> None:
+    """Remove temporary files a crash left in the middle of a write (the store is
+    locked: no write of ours is in progress)."""
+    for folder in (path, os.path.join(path, _CURSORS)):
+        for entry in os.listdir(folder):
+            if entry.endswith(TMP_SUFFIX):
+                try:
+                    os.unlink(os.path.join(folder, entry))
+                except FileNotFoundError:
+                    pass
 
 
 def _load_spans(path: str) -> dict[tuple[int, int], int]:
@@ -139,6 +153,7 @@ class FileStore:
         wfd: int | None = None
         try:
             os.makedirs(os.path.join(path, _CURSORS), exist_ok=True)
+            _remove_leftovers(path)
             spans = _load_spans(path)
             index, (last, valid_end), numbers = load_index(path, spans)
             seg_path = files.path_of(last)
@@ -450,8 +465,8 @@ class FileStore:
             except FileNotFoundError:
                 return out
             for entry in names:
-                if entry.startswith("."):
-                    continue
+                if not _CURSOR_NAME.match(entry):
+                    continue  # a write in progress (or left by a crash), or not ours
                 path = os.path.join(folder, entry)
                 try:
                     with open(path, "rb") as f:
