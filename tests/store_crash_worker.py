@@ -1,6 +1,7 @@
 """Writes batches to a store until killed; prints ``ok <batch>`` once each append returned.
 
 Usage: ``python store_crash_worker.py KIND PATH RUN`` (KIND is ``sqlite`` or ``file``).
+The file-store worker also fills and drops a scratch chain and compacts.
 Used by ``test_store_crash.py``, which SIGKILLs it at random moments.
 """
 
@@ -17,6 +18,8 @@ from ketten.plugins.file_store import FileStore
 from ketten.plugins.sqlite_store import SqliteStore
 
 CRITERIA = [criterion_key(f"crash-{i}") for i in range(3)]
+SCRATCH = criterion_key("crash-scratch")
+"""A chain the file-store worker fills and drops, so that kills land in compactions too."""
 WRITER = Identity.from_seed(b"\x31" * 32)
 
 
@@ -51,6 +54,24 @@ async def main(kind: str, path: str, run: int) -> None:
             await store.put_cursor("progress", b"%d" % batch)
             sys.stdout.write(f"cursor {batch}\n")
         sys.stdout.flush()
+        if isinstance(store, FileStore):
+            await _scratch(store, rng)
+
+
+async def _scratch(store: FileStore, rng: random.Random) -> None:
+    roll = rng.random()
+    if roll < 0.3:
+        head = await store.head(SCRATCH)
+        events = []
+        for _ in range(20):
+            head = Event.create(WRITER, criterion=SCRATCH, seq=head.seq + 1 if head else 0,
+                                prev=head.hash if head else None, time=0, payload=bytes(300))
+            events.append(head)
+        await store.append(events)
+    elif roll < 0.4:
+        await store.drop(SCRATCH)
+    elif roll < 0.45:
+        await store.compact()
 
 
 if __name__ == "__main__":

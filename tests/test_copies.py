@@ -13,6 +13,7 @@ import trio
 from ketten import Event, Node, criterion_key
 from ketten._core.copies import CopyBudget
 from ketten.errors import PublishOutcomeUnknown, QuorumUnavailable
+from ketten.plugins.file_store import FileStore
 from ketten.testing import Cluster, open_cluster
 
 # -- the budget on its own ----------------------------------------------------------
@@ -212,3 +213,34 @@ def test_pins_are_read_from_cursors_and_junk_is_passed_over() -> None:
                      PIN_PREFIX + "ab": b"\x01", PIN_PREFIX + (b"u" * 32).hex(): b"",
                      PIN_PREFIX + (b"v" * 32).hex(): b"\x07"})
     assert found == {key}
+
+
+async def test_dropped_copies_give_their_disk_space_back_on_the_file_store(
+        tmp_path: Path) -> None:
+    # Real time: the file store works in threads, which a virtual clock would outrun.
+    async with open_cluster(5, seed=33, store="file", path=str(tmp_path),
+                            options={"replication": {"copies_events": 20},
+                                     "store": {"segment_bytes": 4096}}) as c:
+        reader = 2
+        names = _outside(c, reader, 8)
+        writer = next(i for i in c.brokers(criterion_key(names[0])) if i != reader)
+        await _fill(c, writer, names, 15)
+        node = c.nodes[reader]
+        store = node.store
+        assert isinstance(store, FileStore)
+        assert store.log_bytes == 0  # it replicates none of these chains
+        read = 0
+        for name in names:
+            events = await node.read(name)
+            assert len(events) == 15
+            read += sum(len(e.to_bytes()) for e in events)
+            await _until(lambda: _within(node, 20), "the copies were trimmed")
+        assert node.copy_statistics().copies_dropped == 7
+        # Eight chains were read; little more than the one kept stays on disk.
+        assert store.live_bytes < read / 6
+        assert store.log_bytes < read / 2, (store.log_bytes, store.live_bytes, read)
+
+
+async def _within(node: Node, events: int) -> bool:
+    await trio.lowlevel.checkpoint()
+    return node.copy_statistics().copy_events <= events

@@ -176,7 +176,7 @@ async def _make_newer(kind: str, path: Path) -> None:
         for suffix in ("-wal", "-shm"):
             (path / f"ketten.sqlite3{suffix}").unlink(missing_ok=True)
     else:
-        (path / "KETTEN-FILE-STORE").write_bytes(b"ketten file store\nformat 2\n")
+        (path / "KETTEN-FILE-STORE").write_bytes(b"ketten file store\nformat 99\n")
 
 
 async def _make_case(case: str, kind: str, path: Path) -> None:

@@ -16,6 +16,12 @@ rebuild the index in memory (checking every frame); a torn write at the end
 (a batch without its COMMIT) is cut off. Cursors are small files replaced
 atomically (write, fsync, rename, fsync of the directory).
 
+A drop only writes a DROP frame; once the bytes no event needs any more
+reach both ``segment_bytes`` and the bytes still needed, the store compacts
+(:meth:`FileStore.compact`): it copies every needed record into a new *base
+segment* and unlinks the segments before it, while appends and reads go on.
+A crash at any point leaves either the old segments or the base in force.
+
 Reads check each frame's checksum and each event's hash and chain position:
 damaged records raise :class:`~ketten.errors.StoreCorrupted` (a
 ``StoreCorrupted`` naming file, offset, criterion and seq) and are never
@@ -48,6 +54,7 @@ from ketten.logs import RateLimitedLog
 
 from .._store_records import TMP_SUFFIX, DirLock, atomic_write, fsync_dir, store_path
 from . import _format as fmt
+from ._compact import write_base
 from ._index import Index, Loc
 from ._read import (
     SegmentFiles,
@@ -120,6 +127,10 @@ class FileStore:
     _wsize: int = attrs.field(default=0, init=False)
     _spans: dict[tuple[int, int], int] = attrs.field(factory=dict, init=False)
     _failed: str | None = attrs.field(default=None, init=False)
+    _sizes: dict[int, int] = attrs.field(factory=dict, init=False)
+    _compacting: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    _reading: int = attrs.field(default=0, init=False)
+    _retired: list[int] = attrs.field(factory=list, init=False)
 
     @property
     def path(self) -> str:
@@ -145,7 +156,8 @@ class FileStore:
         if fmt.check_directory(path) is None:
             os.makedirs(path, exist_ok=True)
             os.makedirs(os.path.join(path, _CURSORS), exist_ok=True)
-            atomic_write(os.path.join(path, fmt.MARKER), fmt.marker_bytes())
+            # Format 1 until the first compaction, so that older versions open it.
+            atomic_write(os.path.join(path, fmt.MARKER), fmt.marker_bytes(1))
             fsync_dir(os.path.dirname(path))
         lock = DirLock(os.path.join(path, fmt.MARKER))
         lock.acquire()
@@ -155,11 +167,15 @@ class FileStore:
             os.makedirs(os.path.join(path, _CURSORS), exist_ok=True)
             _remove_leftovers(path)
             spans = _load_spans(path)
-            index, (last, valid_end), numbers = load_index(path, spans)
+            index, (last, valid_end), numbers, stale = load_index(path, spans, files)
+            for number in stale:  # a crash came between a compaction's base and its cleanup
+                os.unlink(files.path_of(number))
             seg_path = files.path_of(last)
             wfd = os.open(seg_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            if not numbers:
+            if not numbers or stale:
                 fsync_dir(path)
+            sizes = {n: os.stat(files.path_of(n)).st_size for n in numbers}
+            sizes[last] = valid_end
             size = os.fstat(wfd).st_size
             if size > valid_end:
                 os.ftruncate(wfd, valid_end)
@@ -176,10 +192,11 @@ class FileStore:
             raise
         self._index, self._files, self._dir_lock, self._spans = index, files, lock, spans
         self._wfd, self._wseg, self._wsize, self._failed = wfd, last, valid_end, None
+        self._sizes, self._retired = sizes, []
 
     async def aclose(self) -> None:
         """Close the files (the store can be opened again)."""
-        async with self._write_lock:
+        async with self._compacting, self._write_lock:
             wfd, files, lock = self._wfd, self._files, self._dir_lock
             self._index = self._files = self._dir_lock = self._wfd = None
             if wfd is not None:
@@ -204,6 +221,18 @@ class FileStore:
 
     async def _thread(self, fn: Callable[[], T]) -> T:
         return await trio.to_thread.run_sync(fn)
+
+    async def _read(self, fn: Callable[[], T]) -> T:
+        """Run a read whose locations were taken just before (no checkpoint between):
+        segments a compaction retired stay open until no such read is running."""
+        self._reading += 1
+        try:
+            return await trio.to_thread.run_sync(fn)
+        finally:
+            self._reading -= 1
+            if not self._reading and self._retired and self._files is not None:
+                self._files.forget(self._retired)
+                self._retired = []
 
     def _write_batch(self, frames: list[bytes]) -> tuple[int, int]:
         """Write frames and their COMMIT durably; return ``(segment, offset)`` of the first.
@@ -230,7 +259,7 @@ class FileStore:
             except OSError:
                 self._failed = str(exc)
             raise StoreError(f"{self._fls().path_of(self._wseg)}: write failed: {exc}") from exc
-        self._wsize = start + len(data)
+        self._wsize = self._sizes[self._wseg] = start + len(data)
         return self._wseg, start
 
     def _roll(self) -> None:
@@ -241,6 +270,7 @@ class FileStore:
         if self._wfd is not None:
             os.close(self._wfd)
         self._wfd, self._wseg, self._wsize = fd, number, 0
+        self._sizes[number] = 0
 
     @staticmethod
     def _locs(segment: int, start: int, frames: list[bytes]) -> list[Loc]:
@@ -398,9 +428,9 @@ class FileStore:
 
     async def drop(self, criterion: bytes) -> int:
         """Forget the chain of ``criterion`` (main chain, orphans, quarantined range)
-        with one durable DROP frame; return how many events went. The segment files
-        keep their frames (the log is append-only and never compacted), so the disk
-        space is not given back. Raises :class:`~ketten.errors.StoreError`.
+        with one durable DROP frame; return how many events went. The disk space
+        comes back at the next compaction (see :meth:`compact`). Raises
+        :class:`~ketten.errors.StoreError`.
         """
         self._idx()
         async with self._write_lock:
@@ -410,7 +440,108 @@ class FileStore:
                 return 0
             frames = [fmt.frame(fmt.DROP, fmt.DROP_BODY.pack(criterion))]
             await self._thread(lambda: self._write_batch(frames))
-            return index.drop(criterion)
+            dropped = index.drop(criterion)
+        if self._worth_compacting():
+            try:
+                await self.compact()
+            except StoreError as exc:  # the drop stands; the space is given back later
+                _events.warning("store_compaction_failed", "%s: compaction failed: %s",
+                                self._path, exc, key=f"compact:{self._path}", path=self._path,
+                                error=str(exc))
+        return dropped
+
+    @property
+    def log_bytes(self) -> int:
+        """Bytes of the segment files."""
+        return sum(self._sizes.values())
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes of the frames that hold events the store still serves."""
+        return self._idx().live
+
+    def _worth_compacting(self) -> bool:
+        if self._index is None or self._compacting.locked():
+            return False
+        dead = self.log_bytes - self._index.live
+        return dead >= self._segment_bytes and dead >= self._index.live
+
+    async def compact(self) -> int:
+        """Give back the space of dropped chains and cut records; return the bytes freed.
+
+        Copies every record the store still serves into a new base segment
+        (checking each against its hash), then unlinks the segments before it.
+        Appends and reads go on meanwhile; they wait only while the store
+        switches to the base. :meth:`drop` calls this when the unneeded bytes
+        reach both ``segment_bytes`` and the needed ones. Does nothing (returns
+        0) while a damaged record waits to be quarantined. Raises
+        :class:`~ketten.errors.StoreCorrupted` (a record does not match its
+        hash; nothing is changed) or :class:`~ketten.errors.StoreError`.
+        """
+        self._idx()
+        async with self._compacting:
+            async with self._write_lock:
+                index, files = self._idx(), self._fls()
+                layout = await self._thread(index.layout)
+                if layout is None:
+                    await trio.lowlevel.checkpoint()
+                    return 0
+                records, marks = layout
+                await self._thread(self._roll_for_base)
+                number = self._wseg - 1
+            tmp = f"{files.path_of(number)}.compact{TMP_SUFFIX}"
+            try:
+                moved, size = await self._thread(
+                    lambda: write_base(files, tmp, number, records, marks))
+                async with self._write_lock:
+                    self._idx()
+                    old = [n for n in self._sizes if n < number]
+                    freed = sum(self._sizes[n] for n in old) - size
+                    await self._thread(lambda: self._switch(tmp, number, old, moved, size))
+                    self._retire(old)
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+        _events.info("store_compacted", "%s: compacted %d segments into %s, %d bytes freed",
+                     self._path, len(old), fmt.segment_name(number), freed,
+                     key=f"compacted:{self._path}", path=self._path, freed=freed)
+        return freed
+
+    def _roll_for_base(self) -> None:
+        """Start an empty segment for the base (a compaction that does not finish
+        leaves it empty, which a replay passes over) and a new one to write to."""
+        self._roll()
+        self._roll()
+
+    def _switch(self, tmp: str, number: int, old: list[int], moved: dict[Loc, Loc],
+                size: int) -> None:
+        """Put the base in force, point the index at it, and unlink the old segments."""
+        index, files = self._idx(), self._fls()
+        if fmt.check_directory(self._path) != fmt.FORMAT_VERSION:
+            atomic_write(os.path.join(self._path, fmt.MARKER), fmt.marker_bytes())
+        files.keep_open(old)  # reads that took their locations before the switch go on
+        files.forget([number])
+        os.replace(tmp, files.path_of(number))
+        fsync_dir(self._path)
+        # From here on a replay starts at the base; the old segments are garbage
+        # (removed at the next open if the cleanup below does not finish).
+        index.relocate(moved, number)
+        self._sizes = {n: v for n, v in self._sizes.items() if n > number}
+        self._sizes[number] = size
+        spans = {k: v for k, v in self._spans.items() if k[0] > number}
+        if spans != self._spans:
+            atomic_write(os.path.join(self._path, _QUARANTINE_FILE), fmt.encode_spans(spans))
+            self._spans = spans
+        for n in old:
+            os.unlink(files.path_of(n))
+        fsync_dir(self._path)
+
+    def _retire(self, numbers: list[int]) -> None:
+        files = self._fls()
+        if self._reading:
+            self._retired.extend(numbers)
+        else:
+            files.forget(numbers)
 
     async def quarantined(self) -> dict[bytes, tuple[int, int]]:
         """``{criterion: (from_seq, old_height)}`` of quarantined ranges not yet refilled.
@@ -492,7 +623,7 @@ class FileStore:
         if loc is None:
             await trio.lowlevel.checkpoint()
             return None
-        raw = await self._thread(lambda: read_one(files, loc, event_hash))
+        raw = await self._read(lambda: read_one(files, loc, event_hash))
         return _decode(raw, files.path_of(loc[0]), loc)
 
     async def head(self, criterion: bytes) -> Event | None:
@@ -545,7 +676,7 @@ class FileStore:
                 for _, _, raw, loc in read_main(files, criterion, part)
             ]
 
-        return await self._thread(read)
+        return await self._read(read)
 
     async def by_command(self, criterion: bytes, author: bytes, command: int) -> Event | None:
         """The main-chain event with this command id, or ``None``.
@@ -576,14 +707,15 @@ class FileStore:
                 for _, _, raw, loc in read_orphans(files, criterion, entries)
             ]
 
-        return await self._thread(read)
+        return await self._read(read)
 
 
 class FileReader:
     """Read-only access to a file store directory (a :class:`~ketten.interfaces.StoreReader`).
 
     Opening replays the log up to its last committed batch (also while a node
-    appends: a batch in progress is not seen) and reads that snapshot.
+    appends: a batch in progress is not seen) and reads that snapshot; the
+    segments stay open, so a compaction by the node does not disturb it.
     Raises :class:`~ketten.errors.StoreFormatError` or
     :class:`~ketten.errors.StoreCorrupted` when opened.
     """
@@ -592,8 +724,22 @@ class FileReader:
         self._path = os.path.abspath(path)
         if fmt.check_directory(self._path) is None:
             raise StoreFormatError(f"{self._path}: no file store here")
-        self._index, _, _ = load_index(self._path, _load_spans(self._path))
-        self._files: SegmentFiles | None = SegmentFiles(self._path)
+        files = SegmentFiles(self._path)
+        for attempt in range(5):
+            try:
+                self._index, _, _, _ = load_index(self._path, _load_spans(self._path), files)
+                break
+            except FileNotFoundError:
+                # A compaction of the running node removed a segment under us; its
+                # base is in place now.
+                files.close()
+                if attempt == 4:
+                    raise StoreError(f"{self._path}: segments kept changing while being "
+                                     "opened (a compaction in progress); try again") from None
+            except BaseException:
+                files.close()
+                raise
+        self._files: SegmentFiles | None = files
 
     def _fls(self) -> SegmentFiles:
         if self._files is None:

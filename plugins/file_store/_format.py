@@ -6,6 +6,11 @@ a ``cursors`` directory and an optional ``quarantine`` file. A frame is a
 (little-endian; the CRC covers the first 8 header bytes and the body)
 followed by the body. A batch is any number of frames closed by a COMMIT
 frame that counts them; frames after the last COMMIT are a torn write.
+
+Compaction writes a *base segment*: it opens with a BASE frame and holds the
+state of every segment before it (main-chain EVENT frames, ORPHAN frames,
+MARK frames for quarantined ranges), so a replay starts at the last base and
+the segments before it are garbage. Format 2 added BASE, ORPHAN and MARK.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import zlib
 from ketten.errors import StoreCorrupted, StoreFormatError
 
 __all__ = [
+    "BASE",
+    "BASE_BODY",
     "COMMIT",
     "DROP",
     "DROP_BODY",
@@ -26,6 +33,8 @@ __all__ = [
     "FORMAT_VERSION",
     "HEADER",
     "MARKER",
+    "MARK_BODY",
+    "ORPHAN",
     "QUARANTINE",
     "REPLACE",
     "check_directory",
@@ -34,6 +43,7 @@ __all__ = [
     "encode_cursor",
     "encode_spans",
     "frame",
+    "is_base",
     "marker_bytes",
     "parse_frame",
     "segment_name",
@@ -41,7 +51,7 @@ __all__ = [
 ]
 
 MARKER = "KETTEN-FILE-STORE"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _MARKER_TEXT = b"ketten file store\nformat %d\n"
 _MARKER_RE = re.compile(rb"\Aketten file store\nformat (\d+)\n\Z")
 
@@ -50,13 +60,16 @@ Buffer = bytes | mmap.mmap
 MAGIC = 0x4B45
 HEADER = struct.Struct("<HBBII")
 HEADER_SIZE = HEADER.size
-EVENT, REPLACE, QUARANTINE, COMMIT, DROP = 1, 2, 3, 4, 5
-TYPES = frozenset((EVENT, REPLACE, QUARANTINE, COMMIT, DROP))
+EVENT, REPLACE, QUARANTINE, COMMIT, DROP, ORPHAN, MARK, BASE = 1, 2, 3, 4, 5, 6, 7, 8
+TYPES = frozenset((EVENT, REPLACE, QUARANTINE, COMMIT, DROP, ORPHAN, MARK, BASE))
+RECORDS = frozenset((EVENT, ORPHAN))
 MAX_BODY = 1 << 28
 
 REPLACE_BODY = struct.Struct("<32sQ")
 QUARANTINE_BODY = struct.Struct("<32sQQ")
 DROP_BODY = struct.Struct("<32s")
+MARK_BODY = struct.Struct("<32sQQ")
+BASE_BODY = struct.Struct("<Q")
 COMMIT_BODY = struct.Struct("<I")
 _SEGMENT_RE = re.compile(r"\Aseg-(\d{8})\.log\Z")
 
@@ -65,8 +78,8 @@ _SPANS_MAGIC = b"KQSP"
 _SPAN = struct.Struct("<IQI")
 
 
-def marker_bytes() -> bytes:
-    return _MARKER_TEXT % FORMAT_VERSION
+def marker_bytes(version: int = FORMAT_VERSION) -> bytes:
+    return _MARKER_TEXT % version
 
 
 def segment_name(number: int) -> str:
@@ -98,6 +111,12 @@ def parse_frame(buf: Buffer, pos: int, size: int) -> tuple[int, int, int] | None
     if zlib.crc32(buf[body_at:end], zlib.crc32(buf[pos : pos + 8])) != crc:
         return None
     return kind, body_at, end
+
+
+def is_base(buf: Buffer, size: int) -> bool:
+    """Whether a segment opens with an intact BASE frame."""
+    found = parse_frame(buf, 0, size)
+    return found is not None and found[0] == BASE
 
 
 def plausible_length(buf: Buffer, pos: int, size: int) -> int | None:

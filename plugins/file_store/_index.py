@@ -29,6 +29,10 @@ Loc = tuple[int, int, int]
 """``(segment number, frame offset, frame end)``."""
 
 
+def _size(loc: Loc) -> int:
+    return loc[2] - loc[1]
+
+
 @attrs.define(eq=False)
 class ChainIndex:
     locs: list[Loc] = attrs.field(factory=list)
@@ -61,6 +65,8 @@ class Index:
     chains: dict[bytes, ChainIndex] = attrs.field(factory=dict)
     by_hash: dict[bytes, Loc] = attrs.field(factory=dict)
     quarantined: dict[bytes, tuple[int, int]] = attrs.field(factory=dict)
+    live: int = 0
+    """Bytes of the frames that hold main-chain events and orphans."""
     _damage: list[tuple[Loc, tuple[bytes, int] | None]] = attrs.field(factory=list)
 
     def heads(self) -> dict[bytes, tuple[int, bytes | None]]:
@@ -85,6 +91,7 @@ class Index:
             self.by_hash[prev] = chain.locs[-1]  # a damaged event, known by its successor
         chain.locs.append(loc)
         chain.hashes.append(digest)
+        self.live += _size(loc)
         key = (author, command) if command is not None else None
         chain.command_of.append(key)
         if key is not None:
@@ -99,6 +106,18 @@ class Index:
         chain.locs.append(loc)
         chain.hashes.append(None)
         chain.command_of.append(None)
+        self.live += _size(loc)
+
+    def add_orphan(self, loc: Loc, criterion: bytes, seq: int, digest: bytes) -> None:
+        """An event that lost a fork (a base segment lists them)."""
+        self.chains.setdefault(criterion, ChainIndex()).orphans.append((loc, seq, digest))
+        self.by_hash.setdefault(digest, loc)
+        self.live += _size(loc)
+
+    def mark(self, criterion: bytes, low: int, high: int) -> None:
+        """A quarantined range not yet refilled (a base segment lists them)."""
+        self.chains.setdefault(criterion, ChainIndex())
+        self.quarantined[criterion] = (low, high)
 
     def add_damaged(self, loc: Loc, hint: tuple[bytes, int] | None) -> None:
         """A frame that failed its checksum; it is placed once its chain shows a gap."""
@@ -115,7 +134,10 @@ class Index:
         """Cut a chain back to ``from_seq`` and drop its damaged orphans; return the cut size."""
         chain = self.chains.setdefault(criterion, ChainIndex())
         removed = chain.cut(min(from_seq, chain.height))
-        chain.orphans = [o for o in chain.orphans if o[2] is not None]
+        kept = [o for o in chain.orphans if o[2] is not None]
+        self.live -= sum(_size(loc) for loc, _, _ in removed)
+        self.live -= sum(_size(o[0]) for o in chain.orphans) - sum(_size(o[0]) for o in kept)
+        chain.orphans = kept
         orphan_locs = {digest: loc for loc, _, digest in chain.orphans}
         damaged = {loc for loc, _, digest in removed if digest is None}
         if damaged:
@@ -143,6 +165,8 @@ class Index:
         if chain is None:
             return 0
         locs = set(chain.locs) | {loc for loc, _, _ in chain.orphans}
+        self.live -= sum(_size(loc) for loc in chain.locs) + sum(
+            _size(loc) for loc, _, _ in chain.orphans)
         for digest in [d for d in chain.hashes if d is not None] + [
                 d for _, _, d in chain.orphans if d is not None]:
             if self.by_hash.get(digest) in locs:
@@ -151,6 +175,39 @@ class Index:
             for key in [k for k, loc in self.by_hash.items() if loc in locs]:
                 del self.by_hash[key]
         return len(locs)
+
+    def layout(self) -> tuple[list[tuple[int, Loc, bytes]], list[tuple[bytes, int, int]]] | None:
+        """What a base segment must hold to rebuild this index: ``(kind, location,
+        hash)`` of every main-chain event (in chain order) and orphan, and the
+        quarantined ranges. ``None`` while a damaged record waits to be quarantined
+        (it cannot be copied, and its place in the chain would be lost)."""
+        records: list[tuple[int, Loc, bytes]] = []
+        for chain in self.chains.values():
+            for loc, digest in zip(chain.locs, chain.hashes):
+                if digest is None:
+                    return None
+                records.append((fmt.EVENT, loc, digest))
+            for loc, _, digest in chain.orphans:
+                if digest is None:
+                    return None
+                records.append((fmt.ORPHAN, loc, digest))
+        marks = [(c, low, high) for c, (low, high) in self.quarantined.items()]
+        return records, marks
+
+    def relocate(self, moved: dict[Loc, Loc], below: int) -> None:
+        """Point every location in a segment numbered below ``below`` at its copy."""
+        for chain in self.chains.values():
+            chain.locs = [moved.get(loc, loc) for loc in chain.locs]
+            chain.orphans = [(moved.get(loc, loc), seq, d) for loc, seq, d in chain.orphans]
+        for digest, loc in list(self.by_hash.items()):
+            if loc[0] < below:
+                new = moved.get(loc)
+                if new is None:
+                    del self.by_hash[digest]
+                else:
+                    self.by_hash[digest] = new
+        self.live = sum(_size(loc) for chain in self.chains.values() for loc in chain.locs) + sum(
+            _size(o[0]) for chain in self.chains.values() for o in chain.orphans)
 
     def finish(self) -> list[Loc]:
         """Place damaged frames that end a chain; return the locations of the others."""
@@ -162,6 +219,7 @@ class Index:
                     chain.locs.append(loc)
                     chain.hashes.append(None)
                     chain.command_of.append(None)
+                    self.live += _size(loc)
                     continue
             left.append(loc)
         self._damage = []
@@ -246,7 +304,7 @@ def replay(
 
 
 _CONTROL = {fmt.REPLACE: fmt.REPLACE_BODY, fmt.QUARANTINE: fmt.QUARANTINE_BODY,
-            fmt.DROP: fmt.DROP_BODY}
+            fmt.DROP: fmt.DROP_BODY, fmt.MARK: fmt.MARK_BODY, fmt.BASE: fmt.BASE_BODY}
 
 
 def _apply(index: Index, path: str, batch: list[tuple[int, Loc, bytes]]) -> None:
@@ -254,15 +312,18 @@ def _apply(index: Index, path: str, batch: list[tuple[int, Loc, bytes]]) -> None
         problem: str | None = None
         if kind == 0:
             index.add_damaged(loc, _hint(body))
-        elif kind == fmt.EVENT:
+        elif kind in fmt.RECORDS:
             try:
                 criterion, seq, prev, author, command = parse_position(body)
             except (ValueError, IndexError):
                 raise StoreCorrupted("an event frame holds no event", path=path,
                                      offset=loc[1]) from None
-            problem = index.add_event(
-                loc, criterion, seq, prev, author, command, sha256(body).digest()
-            )
+            if kind == fmt.ORPHAN:
+                index.add_orphan(loc, criterion, seq, sha256(body).digest())
+            else:
+                problem = index.add_event(
+                    loc, criterion, seq, prev, author, command, sha256(body).digest()
+                )
         elif kind in _CONTROL:
             shape = _CONTROL[kind]
             if len(body) != shape.size:
@@ -274,7 +335,11 @@ def _apply(index: Index, path: str, batch: list[tuple[int, Loc, bytes]]) -> None
             elif kind == fmt.QUARANTINE:
                 criterion, from_seq, old_height = shape.unpack(body)
                 index.quarantine(criterion, from_seq, old_height)
-            else:
+            elif kind == fmt.MARK:
+                index.mark(*shape.unpack(body))
+            elif kind == fmt.DROP:
                 index.drop(shape.unpack(body)[0])
+            elif loc[1] != 0:
+                problem = "a base frame that does not open its segment"
         if problem is not None:
             raise StoreCorrupted(f"the log is inconsistent: {problem}", path=path, offset=loc[1])

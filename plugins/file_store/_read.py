@@ -39,6 +39,13 @@ class SegmentFiles:
     def path_of(self, number: int) -> str:
         return os.path.join(self._path, fmt.segment_name(number))
 
+    def adopt(self, number: int, fd: int) -> None:
+        """Use an already open descriptor for a segment."""
+        old = self._fds.pop(number, None)
+        if old is not None:
+            os.close(old)
+        self._fds[number] = fd
+
     def _fd(self, number: int) -> int:
         fd = self._fds.get(number)
         if fd is None:
@@ -62,13 +69,25 @@ class SegmentFiles:
             size = len(chunk)
             for seg_, off, frame_end in locs[i:j]:
                 found = fmt.parse_frame(chunk, off - start, size)
-                if found is None or found[2] != frame_end - start or found[0] != fmt.EVENT:
+                if found is None or found[2] != frame_end - start or found[0] not in fmt.RECORDS:
                     raise StoreCorrupted(
                         "frame checksum mismatch or truncated frame",
                         path=self.path_of(seg_), offset=off,
                     )
                 yield (seg_, off, frame_end), chunk[found[1] : found[2]]
             i = j
+
+    def keep_open(self, numbers: Sequence[int]) -> None:
+        """Open the segments now, so that reads go on after their files are unlinked."""
+        for number in numbers:
+            self._fd(number)
+
+    def forget(self, numbers: Sequence[int]) -> None:
+        """Close segments that are gone."""
+        for number in numbers:
+            fd = self._fds.pop(number, None)
+            if fd is not None:
+                os.close(fd)
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -176,16 +195,19 @@ def _damaged(files: SegmentFiles, criterion: bytes, seq: int, loc: Loc, why: str
     )
 
 
-def load_index(path: str, spans: dict[tuple[int, int], int]) -> tuple[Index, tuple[int, int], list[int]]:
-    """Replay the segments of ``path`` read-only.
+def load_index(
+    path: str, spans: dict[tuple[int, int], int], files: SegmentFiles | None = None
+) -> tuple[Index, tuple[int, int], list[int], list[int]]:
+    """Replay the segments of ``path`` read-only, from the last base segment on.
 
-    Returns the index, where valid data ends, and the segment numbers.
-    Raises :class:`~ketten.errors.StoreCorrupted`.
+    Returns the index, where valid data ends, the segment numbers replayed and
+    those before the last base (garbage a compaction left). With ``files``,
+    the replayed segments are kept open there, so that a compaction that
+    removes them later does not disturb reads. Raises
+    :class:`~ketten.errors.StoreCorrupted`, and :class:`FileNotFoundError` if
+    a compaction removed a segment while it was being opened (try again).
     """
     numbers = fmt.segment_numbers(os.listdir(path))
-    if numbers and numbers != list(range(len(numbers))):
-        missing = sorted(set(range(numbers[-1] + 1)) - set(numbers))
-        raise StoreCorrupted(f"segment {fmt.segment_name(missing[0])} is missing", path=path)
     segments: list[Segment] = []
     maps: list[mmap.mmap] = []
     try:
@@ -197,11 +219,25 @@ def load_index(path: str, spans: dict[tuple[int, int], int]) -> tuple[Index, tup
                 if size:
                     data = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
                     maps.append(data)
+                if files is not None:
+                    files.adopt(number, os.dup(f.fileno()))
             segments.append(Segment(number, seg_path, data, size))
+        first = max((i for i, seg in enumerate(segments) if fmt.is_base(seg.data, seg.size)),
+                    default=0)
+        stale, segments = [s.number for s in segments[:first]], segments[first:]
+        replayed = [s.number for s in segments]
+        if replayed:
+            gaps = sorted(set(range(replayed[0], replayed[-1] + 1)) - set(replayed))
+            if replayed[0] != 0 and not fmt.is_base(segments[0].data, segments[0].size):
+                gaps.insert(0, replayed[0] - 1)
+            if gaps:
+                raise StoreCorrupted(f"segment {fmt.segment_name(gaps[0])} is missing", path=path)
+        if files is not None:
+            files.forget(stale)
         index = Index()
         end = replay(index, segments, spans)
         index.finish()
     finally:
         for m in maps:
             m.close()
-    return index, end, numbers
+    return index, end, replayed, stale
