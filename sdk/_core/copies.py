@@ -29,6 +29,9 @@ class CopyBudget:
     _sizes: OrderedDict[bytes, int] = attrs.field(factory=OrderedDict, init=False)
     _total: int = attrs.field(default=0, init=False)
     _uses: dict[bytes, int] = attrs.field(factory=dict, init=False)
+    _kept: set[bytes] = attrs.field(factory=set, init=False)
+    """Copies found kept at the last :meth:`surplus` (they do not count)."""
+    _kept_total: int = attrs.field(default=0, init=False)
 
     @property
     def total(self) -> int:
@@ -43,10 +46,18 @@ class CopyBudget:
 
     def note(self, criterion: bytes, events: int) -> bool:
         """The copy of ``criterion`` now holds ``events`` events and was just used.
-        Returns whether the copies are over the bound."""
-        self._total += events - self._sizes.pop(criterion, 0)
+        Returns whether the copies that count are over the bound."""
+        change = events - self._sizes.pop(criterion, 0)
+        self._total += change
+        if criterion in self._kept:
+            self._kept_total += change
         self._sizes[criterion] = events
-        return self._total > self.max_events
+        return self.over()
+
+    def over(self) -> bool:
+        """Whether the copies that count (kept ones as of the last :meth:`surplus`
+        do not) hold more events than the bound."""
+        return self._total - self._kept_total > self.max_events
 
     def touch(self, criterion: bytes) -> None:
         """The copy was read: it goes last."""
@@ -55,7 +66,11 @@ class CopyBudget:
 
     def forget(self, criterion: bytes) -> None:
         """The chain is no longer a reader copy here (dropped, or replicated now)."""
-        self._total -= self._sizes.pop(criterion, 0)
+        size = self._sizes.pop(criterion, 0)
+        self._total -= size
+        if criterion in self._kept:
+            self._kept.discard(criterion)
+            self._kept_total -= size
 
     def use(self, criterion: bytes) -> None:
         """A read of the copy begins: it is kept until :meth:`done`."""
@@ -80,8 +95,9 @@ class CopyBudget:
         """The copies to give up, least recently used first, so that the others fit
         the bound. Copies ``keep`` names (pinned, subscribed) neither count nor go;
         copies in use count but are passed over."""
-        kept = {criterion for criterion in self._sizes if keep(criterion)}
-        excess = self._total - sum(self._sizes[c] for c in kept) - self.max_events
+        kept = self._kept = {criterion for criterion in self._sizes if keep(criterion)}
+        self._kept_total = sum(self._sizes[c] for c in kept)
+        excess = self._total - self._kept_total - self.max_events
         out: list[bytes] = []
         for criterion, size in self._sizes.items():
             if excess <= 0:

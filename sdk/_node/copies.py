@@ -92,7 +92,7 @@ class Copies:
             yield
         finally:
             self.budget.done(criterion)
-            if self.budget.total > self.budget.max_events:
+            if self.budget.over():
                 self._wake.set()  # it may have been passed over while in use
 
     async def load(self) -> None:
