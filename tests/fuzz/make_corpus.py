@@ -182,6 +182,14 @@ def main() -> None:
     segment = (file_format.frame(file_format.EVENT, genesis.to_bytes())
                + file_format.frame(file_format.COMMIT, file_format.COMMIT_BODY.pack(1)))
     save("file_records", b"s" + segment)
+    frame, commit = file_format.frame, file_format.COMMIT_BODY.pack
+    base = (frame(file_format.BASE, file_format.BASE_BODY.pack(0)) + frame(file_format.COMMIT, commit(1))
+            + frame(file_format.EVENT, genesis.to_bytes())
+            + frame(file_format.ORPHAN, genesis.to_bytes())
+            + frame(file_format.MARK, file_format.MARK_BODY.pack(key, 1, 4))
+            + frame(file_format.DROP, file_format.DROP_BODY.pack(key))
+            + frame(file_format.COMMIT, commit(4)))
+    save("file_records", b"s" + base)
     save("file_records", b"c" + file_format.encode_cursor("ketten/x", b"value"))
     save("file_records", b"q" + file_format.encode_spans({(1, 0): 40}))
     for name in targets.TARGETS:

@@ -25,6 +25,7 @@ from ketten.interfaces import Peer
 from ketten.plugins import kademlia
 from ketten.plugins import static_overlay as static
 from ketten.plugins.file_store import _format as file_format
+from ketten.plugins.file_store._index import Index, Segment, replay
 from ketten.plugins.gosskip import _messages as gosskip
 from ketten.wire import decode_message, loads
 
@@ -111,7 +112,14 @@ def file_records(data: bytes) -> None:
         file_format.parse_frame(data, pos, size)
         file_format.plausible_length(data, pos, size)
     file_format.find_commit(data, 0, size)
-    if data[:1] == b"c":
+    if data[:1] == b"s":  # a segment as the store replays it at open
+        rest = data[1:]
+        file_format.is_base(rest, len(rest))
+        index = Index()
+        replay(index, [Segment(0, "fuzz", rest, len(rest))], {})
+        index.finish()
+        index.layout()
+    elif data[:1] == b"c":
         file_format.decode_cursor("fuzz", data[1:])
     elif data[:1] == b"q":
         file_format.decode_spans("fuzz", data[1:])
