@@ -12,7 +12,7 @@ import pytest
 import trio
 
 from ketten import Event, Identity, criterion_key
-from ketten.errors import StoreCorrupted
+from ketten.errors import StoreCorrupted, StoreError
 from ketten.plugins.file_store import FileReader, FileStore
 from ketten.plugins.file_store import _format as fmt
 from ketten.plugins.memory_store import MemoryStore
@@ -309,4 +309,41 @@ async def test_damage_stops_a_compaction_and_changes_nothing(tmp_path: Path) -> 
     await store.open()
     assert len(await store.range(keys[0])) == 7
     assert await store.quarantined() == {keys[0]: (7, 20)}
+    await store.aclose()
+
+
+async def test_a_compaction_that_cannot_finish_changes_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "store"
+    store = FileStore(path=str(path), segment_bytes=2000)
+    await store.open()
+    keys = [_key(n) for n in range(3)]
+    for criterion in keys:
+        await store.append(_events(criterion, None, 30, b"y"))
+    real_replace = os.replace
+
+    def full_disk(src: str, dst: str) -> None:
+        if src.endswith(".compact.tmp"):
+            raise OSError(28, "No space left on device")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", full_disk)
+    with pytest.raises(StoreError, match="No space left"):
+        await store.compact()
+    # Drops that set off a compaction stand even though the compaction fails.
+    assert await store.drop(keys[1]) == 30
+    assert await store.drop(keys[2]) == 30
+    assert "compaction failed" in caplog.text
+    more = _events(keys[0], await store.head(keys[0]), 2, b"z")
+    await store.append(more)
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert not any(p.name.endswith(".tmp") for p in path.iterdir())
+    assert await store.head(keys[1]) is None and len(await store.range(keys[0])) == 32
+    expected = await _dump(store, keys)
+    await store.aclose()
+    store = FileStore(path=str(path))
+    await store.open()
+    assert await _dump(store, keys) == expected
+    assert await store.compact() > 0
+    assert await _dump(store, keys) == expected
     await store.aclose()

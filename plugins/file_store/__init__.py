@@ -239,9 +239,7 @@ class FileStore:
 
         Runs in a worker thread while the write lock is held.
         """
-        if self._failed is not None:
-            raise StoreError(f"{self._path}: the store refuses writes after an I/O error "
-                             f"({self._failed}); reopen it")
+        self._check_writable()
         if self._wsize >= self._segment_bytes:
             self._roll()
         assert self._wfd is not None
@@ -262,11 +260,19 @@ class FileStore:
         self._wsize = self._sizes[self._wseg] = start + len(data)
         return self._wseg, start
 
+    def _check_writable(self) -> None:
+        if self._failed is not None:
+            raise StoreError(f"{self._path}: the store refuses writes after an I/O error "
+                             f"({self._failed}); reopen it")
+
     def _roll(self) -> None:
         number = self._wseg + 1
-        fd = os.open(self._fls().path_of(number), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND,
-                     0o644)
-        fsync_dir(self._path)
+        path = self._fls().path_of(number)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            fsync_dir(self._path)
+        except OSError as exc:
+            raise StoreError(f"{path}: cannot start a segment: {exc}") from exc
         if self._wfd is not None:
             os.close(self._wfd)
         self._wfd, self._wseg, self._wsize = fd, number, 0
@@ -510,6 +516,7 @@ class FileStore:
     def _roll_for_base(self) -> None:
         """Start an empty segment for the base (a compaction that does not finish
         leaves it empty, which a replay passes over) and a new one to write to."""
+        self._check_writable()
         self._roll()
         self._roll()
 
@@ -517,24 +524,32 @@ class FileStore:
                 size: int) -> None:
         """Put the base in force, point the index at it, and unlink the old segments."""
         index, files = self._idx(), self._fls()
-        if fmt.check_directory(self._path) != fmt.FORMAT_VERSION:
-            atomic_write(os.path.join(self._path, fmt.MARKER), fmt.marker_bytes())
-        files.keep_open(old)  # reads that took their locations before the switch go on
-        files.forget([number])
-        os.replace(tmp, files.path_of(number))
-        fsync_dir(self._path)
+        try:
+            if fmt.check_directory(self._path) != fmt.FORMAT_VERSION:
+                atomic_write(os.path.join(self._path, fmt.MARKER), fmt.marker_bytes())
+            files.keep_open(old)  # reads that took their locations before the switch go on
+            files.forget([number])
+            os.replace(tmp, files.path_of(number))
+            fsync_dir(self._path)
+        except OSError as exc:
+            raise StoreError(f"{self._path}: cannot put a compacted segment in force: {exc}") from exc
         # From here on a replay starts at the base; the old segments are garbage
         # (removed at the next open if the cleanup below does not finish).
         index.relocate(moved, number)
         self._sizes = {n: v for n, v in self._sizes.items() if n > number}
         self._sizes[number] = size
-        spans = {k: v for k, v in self._spans.items() if k[0] > number}
-        if spans != self._spans:
-            atomic_write(os.path.join(self._path, _QUARANTINE_FILE), fmt.encode_spans(spans))
-            self._spans = spans
-        for n in old:
-            os.unlink(files.path_of(n))
-        fsync_dir(self._path)
+        try:
+            spans = {k: v for k, v in self._spans.items() if k[0] > number}
+            if spans != self._spans:
+                atomic_write(os.path.join(self._path, _QUARANTINE_FILE), fmt.encode_spans(spans))
+                self._spans = spans
+            for n in old:
+                os.unlink(files.path_of(n))
+            fsync_dir(self._path)
+        except OSError as exc:
+            _events.warning("store_compaction_cleanup", "%s: the segments before %s stay until "
+                            "the next open: %s", self._path, fmt.segment_name(number), exc,
+                            key=f"cleanup:{self._path}", path=self._path, error=str(exc))
 
     def _retire(self, numbers: list[int]) -> None:
         files = self._fls()
