@@ -118,42 +118,54 @@ async def test_compaction_gives_back_dropped_chains_and_keeps_everything_else(
 @pytest.mark.parametrize("seed", range(12))
 async def test_random_histories_with_compactions_match_a_memory_store(
         seed: int, tmp_path: Path) -> None:
+    # Compactions run in the background: appends, forks, drops, reads and reopens
+    # (which wait for a compaction to finish) go on beside their copying.
     rng = random.Random(seed)
     path = tmp_path / "store"
-    store = FileStore(path=str(path), segment_bytes=rng.choice([600, 3000, 1 << 20]))
+    segment_bytes = rng.choice([600, 3000, 1 << 20])
+    store = FileStore(path=str(path), segment_bytes=segment_bytes)
     await store.open()
     model = MemoryStore()
     await model.open()
     keys = [_key(n) for n in range(5)]
-    compactions = 0
-    for step in range(60):
-        criterion = rng.choice(keys)
-        head = await model.head(criterion)
-        roll = rng.random()
-        if roll < 0.5:
-            batch = _events(criterion, head, rng.randint(1, 6), b"s%d" % step,
-                            size=rng.randrange(200))
-            for s in (model, store):
-                await s.append(batch)
-        elif roll < 0.65 and head is not None:
-            at = rng.randint(0, head.seq + 1)
-            prev = (await model.range(criterion, at - 1, at))[0] if at else None
-            batch = _events(criterion, prev, rng.randint(0, 4), b"f%d" % step)
-            for s in (model, store):
-                await s.replace_from(criterion, at, batch)
-        elif roll < 0.8:
-            assert await store.drop(criterion) == await model.drop(criterion)
-        elif roll < 0.9:
-            await store.compact()
-            compactions += 1
-        else:
-            await store.aclose()
-            store = FileStore(path=str(path), segment_bytes=store._segment_bytes)
-            await store.open()
-        assert await _dump(store, keys) == {**await _dump(model, keys),
-                                             "quarantined": {}}, f"step {step}"
+    freed: list[int] = []
+
+    async def compact(target: FileStore) -> None:
+        freed.append(await target.compact())
+
+    async with trio.open_nursery() as nursery:
+        for step in range(80):
+            criterion = rng.choice(keys)
+            head = await model.head(criterion)
+            roll = rng.random()
+            if roll < 0.5:
+                batch = _events(criterion, head, rng.randint(1, 6), b"s%d" % step,
+                                size=rng.randrange(200))
+                for s in (model, store):
+                    await s.append(batch)
+            elif roll < 0.65 and head is not None:
+                at = rng.randint(0, head.seq + 1)
+                prev = (await model.range(criterion, at - 1, at))[0] if at else None
+                batch = _events(criterion, prev, rng.randint(0, 4), b"f%d" % step)
+                for s in (model, store):
+                    await s.replace_from(criterion, at, batch)
+            elif roll < 0.8:
+                assert await store.drop(criterion) == await model.drop(criterion)
+            elif roll < 0.93:
+                nursery.start_soon(compact, store)
+                await trio.sleep(0)
+            else:
+                await store.aclose()
+                store = FileStore(path=str(path), segment_bytes=segment_bytes)
+                await store.open()
+            assert await _dump(store, keys) == {**await _dump(model, keys),
+                                                 "quarantined": {}}, f"step {step}"
     await store.aclose()
-    assert compactions
+    assert freed
+    store = FileStore(path=str(path))
+    await store.open()
+    assert await _dump(store, keys) == {**await _dump(model, keys), "quarantined": {}}
+    await store.aclose()
 
 
 async def test_drops_compact_by_themselves_once_most_of_the_log_is_garbage(

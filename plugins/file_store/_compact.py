@@ -3,9 +3,9 @@
 A base segment holds every event the index still needs (main-chain events
 and orphans) and the quarantined ranges, nothing else: the frames of dropped
 chains, cut records and control frames stay behind in the segments it
-replaces. The records are copied in log order, which keeps each chain's
-main events in sequence order, and each is checked against its hash on
-the way.
+replaces. Main-chain events are copied in log order, which keeps each
+chain's in sequence order, orphans in the order they lost their forks, and
+each record is checked against its hash on the way.
 """
 
 from __future__ import annotations
@@ -36,12 +36,16 @@ def write_base(
 ) -> tuple[dict[Loc, Loc], int]:
     """Write base segment ``number`` to ``path`` (a temporary file) durably.
 
-    ``records`` are ``(EVENT or ORPHAN, location, hash)``; returns where each
+    ``records`` are ``(EVENT or ORPHAN, location, hash)``, each chain's orphans
+in their order; returns where each
     location went and the file's size. Raises
     :class:`~ketten.errors.StoreCorrupted` (a record does not match its
     hash: nothing is written) or :class:`~ketten.errors.StoreError` (I/O).
     """
-    ordered = sorted(records, key=lambda r: r[1])
+    # Main-chain events in log order (which is each chain's seq order); orphans
+    # as listed, which is the order they lost their forks in.
+    ordered = sorted((r for r in records if r[0] == fmt.EVENT), key=lambda r: r[1])
+    ordered += [r for r in records if r[0] != fmt.EVENT]
     moved: dict[Loc, Loc] = {}
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
