@@ -4,9 +4,10 @@ A store of ``--chains`` chains with ``--events`` events in all (100-byte
 payloads) has every other chain dropped, then :meth:`FileStore.compact`
 rewrites the half that stays. Baseline, in the same run: reading the kept
 bytes from a file and writing them to another with one ``fsync``. Also
-measured: appends to a third chain while the compaction runs (a writer is
-never stopped for the copy, only for the switch), as the longest single
-append against the longest append without a compaction beside it.
+measured: appends to another chain while the compaction runs (a writer is
+never stopped for the copy, only for the switch and for each part of the
+index pointed at the base), as the longest single append against the
+longest append without a compaction beside it.
 
     python bench/bench_compaction.py [--events N] [--chains N]
 """

@@ -13,6 +13,7 @@ import trio
 
 from ketten import Event, Identity, criterion_key
 from ketten.errors import StoreCorrupted, StoreError
+from ketten.plugins import file_store
 from ketten.plugins.file_store import FileReader, FileStore
 from ketten.plugins.file_store import _format as fmt
 from ketten.plugins.memory_store import MemoryStore
@@ -117,10 +118,12 @@ async def test_compaction_gives_back_dropped_chains_and_keeps_everything_else(
 
 @pytest.mark.parametrize("seed", range(12))
 async def test_random_histories_with_compactions_match_a_memory_store(
-        seed: int, tmp_path: Path) -> None:
+        seed: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Compactions run in the background: appends, forks, drops, reads and reopens
-    # (which wait for a compaction to finish) go on beside their copying.
+    # (which wait for a compaction to finish) go on beside their copying and
+    # between the parts of their index switch.
     rng = random.Random(seed)
+    monkeypatch.setattr(file_store, "_RELOCATE_PART", rng.choice([3, 20_000]))
     path = tmp_path / "store"
     segment_bytes = rng.choice([600, 3000, 1 << 20])
     store = FileStore(path=str(path), segment_bytes=segment_bytes)

@@ -55,7 +55,7 @@ from ketten.logs import RateLimitedLog
 from .._store_records import TMP_SUFFIX, DirLock, atomic_write, fsync_dir, store_path
 from . import _format as fmt
 from ._compact import write_base
-from ._index import Index, Loc
+from ._index import Index, Loc, layout
 from ._read import (
     SegmentFiles,
     load_index,
@@ -77,6 +77,8 @@ _QUARANTINE_FILE = "quarantine"
 _events = RateLimitedLog(logging.getLogger("ketten.store"))
 _CURSORS = "cursors"
 _CURSOR_NAME = re.compile(r"\A[0-9a-f]{40}\Z")
+_RELOCATE_PART = 5_000
+"""Index entries pointed at a new base per hold of the write lock."""
 
 
 def _short(key: bytes) -> str:
@@ -477,8 +479,8 @@ class FileStore:
 
         Copies every record the store still serves into a new base segment
         (checking each against its hash), then unlinks the segments before it.
-        Appends and reads go on meanwhile; they wait only while the store
-        switches to the base. :meth:`drop` calls this when the unneeded bytes
+        Appends and reads go on meanwhile; appends wait only while the store
+        switches to the base and while it points a part of its index there. :meth:`drop` calls this when the unneeded bytes
         reach both ``segment_bytes`` and the needed ones. Does nothing (returns
         0) while a damaged record waits to be quarantined. Raises
         :class:`~ketten.errors.StoreCorrupted` (a record does not match its
@@ -488,13 +490,13 @@ class FileStore:
         async with self._compacting:
             async with self._write_lock:
                 index, files = self._idx(), self._fls()
-                layout = await self._thread(index.layout)
-                if layout is None:
-                    await trio.lowlevel.checkpoint()
-                    return 0
-                records, marks = layout
+                frozen = index.freeze()
                 await self._thread(self._roll_for_base)
                 number = self._wseg - 1
+            planned = await self._thread(lambda: layout(frozen))
+            if planned is None:
+                return 0
+            records, marks = planned
             tmp = f"{files.path_of(number)}.compact{TMP_SUFFIX}"
             try:
                 moved, size = await self._thread(
@@ -503,15 +505,28 @@ class FileStore:
                     self._idx()
                     old = [n for n in self._sizes if n < number]
                     freed = sum(self._sizes[n] for n in old) - size
-                    await self._thread(lambda: self._switch(tmp, number, old, moved, size))
-                    self._retire(old)
+                    await self._thread(lambda: self._switch(tmp, number, old))
+                    self._sizes[number] = size
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
+            # The base is in force. The old segments stay until no location in the
+            # index names them; the index is pointed at the base a part at a time,
+            # so that appends wait for one part only.
+            await self._relocate(moved, number)
+            async with self._write_lock:
+                await self._thread(lambda: self._clean_up(number, old))
+                self._retire(old)
         _events.info("store_compacted", "%s: compacted %d segments into %s, %d bytes freed",
                      self._path, len(old), fmt.segment_name(number), freed,
                      key=f"compacted:{self._path}", path=self._path, freed=freed)
         return freed
+
+    async def _relocate(self, moved: dict[Loc, Loc], below: int) -> None:
+        index = self._idx()
+        for part in index.relocation_parts(below, _RELOCATE_PART):
+            async with self._write_lock:
+                index.relocate(part, moved, below)
 
     def _roll_for_base(self) -> None:
         """Start an empty segment for the base (a compaction that does not finish
@@ -520,24 +535,24 @@ class FileStore:
         self._roll()
         self._roll()
 
-    def _switch(self, tmp: str, number: int, old: list[int], moved: dict[Loc, Loc],
-                size: int) -> None:
-        """Put the base in force, point the index at it, and unlink the old segments."""
-        index, files = self._idx(), self._fls()
+    def _switch(self, tmp: str, number: int, old: list[int]) -> None:
+        """Put the base in force: from then on a replay starts there, and the old
+        segments are garbage (removed at the next open if not before)."""
+        files = self._fls()
         try:
             if fmt.check_directory(self._path) != fmt.FORMAT_VERSION:
                 atomic_write(os.path.join(self._path, fmt.MARKER), fmt.marker_bytes())
-            files.keep_open(old)  # reads that took their locations before the switch go on
+            files.keep_open(old)  # reads that took their locations before go on
             files.forget([number])
             os.replace(tmp, files.path_of(number))
             fsync_dir(self._path)
         except OSError as exc:
             raise StoreError(f"{self._path}: cannot put a compacted segment in force: {exc}") from exc
-        # From here on a replay starts at the base; the old segments are garbage
-        # (removed at the next open if the cleanup below does not finish).
-        index.relocate(moved, number)
-        self._sizes = {n: v for n, v in self._sizes.items() if n > number}
-        self._sizes[number] = size
+
+    def _clean_up(self, number: int, old: list[int]) -> None:
+        """Unlink the segments a base replaced (nothing in the index names them now)."""
+        files = self._fls()
+        self._sizes = {n: v for n, v in self._sizes.items() if n >= number}
         try:
             spans = {k: v for k, v in self._spans.items() if k[0] > number}
             if spans != self._spans:

@@ -13,7 +13,7 @@ position*: its hash is ``None`` and reading it raises
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from hashlib import sha256
 
 import attrs
@@ -23,7 +23,7 @@ from ketten.errors import StoreCorrupted
 from .._store_records import parse_position
 from . import _format as fmt
 
-__all__ = ["ChainIndex", "Index", "Loc", "Segment", "replay"]
+__all__ = ["ChainIndex", "Frozen", "Index", "Loc", "Segment", "layout", "replay"]
 
 Loc = tuple[int, int, int]
 """``(segment number, frame offset, frame end)``."""
@@ -176,38 +176,54 @@ class Index:
                 del self.by_hash[key]
         return len(locs)
 
-    def layout(self) -> tuple[list[tuple[int, Loc, bytes]], list[tuple[bytes, int, int]]] | None:
-        """What a base segment must hold to rebuild this index: ``(kind, location,
-        hash)`` of every main-chain event (in chain order) and orphan, and the
-        quarantined ranges. ``None`` while a damaged record waits to be quarantined
-        (it cannot be copied, and its place in the chain would be lost)."""
-        records: list[tuple[int, Loc, bytes]] = []
-        for chain in self.chains.values():
-            for loc, digest in zip(chain.locs, chain.hashes):
-                if digest is None:
-                    return None
-                records.append((fmt.EVENT, loc, digest))
-            for loc, _, digest in chain.orphans:
-                if digest is None:
-                    return None
-                records.append((fmt.ORPHAN, loc, digest))
-        marks = [(c, low, high) for c, (low, high) in self.quarantined.items()]
-        return records, marks
+    def freeze(self) -> Frozen:
+        """A copy of the locations and hashes, cheap to take (list copies in C), for
+        :func:`layout` to work on while the index changes."""
+        return Frozen(
+            [(list(c.locs), list(c.hashes), list(c.orphans)) for c in self.chains.values()],
+            dict(self.quarantined))
 
-    def relocate(self, moved: dict[Loc, Loc], below: int) -> None:
-        """Point every location in a segment numbered below ``below`` at its copy."""
-        for chain in self.chains.values():
-            chain.locs = [moved.get(loc, loc) for loc in chain.locs]
-            chain.orphans = [(moved.get(loc, loc), seq, d) for loc, seq, d in chain.orphans]
-        for digest, loc in list(self.by_hash.items()):
-            if loc[0] < below:
-                new = moved.get(loc)
-                if new is None:
-                    del self.by_hash[digest]
-                else:
-                    self.by_hash[digest] = new
-        self.live = sum(_size(loc) for chain in self.chains.values() for loc in chain.locs) + sum(
-            _size(o[0]) for chain in self.chains.values() for o in chain.orphans)
+    def relocation_parts(self, below: int, size: int) -> Iterator[tuple[list[bytes], bool]]:
+        """The parts of the index that may name segments numbered below ``below``,
+        about ``size`` entries each, for :meth:`relocate`: chains first, then the
+        hash entries (listed only once the chains are done, so that every entry
+        that names an old segment then is listed; later ones name the base)."""
+        part: list[bytes] = []
+        count = 0
+        for criterion in list(self.chains):
+            chain = self.chains.get(criterion)
+            if chain is None:
+                continue
+            part.append(criterion)
+            count += chain.height + len(chain.orphans)
+            if count >= size:
+                yield part, False
+                part, count = [], 0
+        if part:
+            yield part, False
+        old = [digest for digest, loc in self.by_hash.items() if loc[0] < below]
+        for at in range(0, len(old), size):
+            yield old[at : at + size], True
+
+    def relocate(self, part: tuple[list[bytes], bool], moved: dict[Loc, Loc], below: int) -> None:
+        """Point the locations of one part (see :meth:`relocation_parts`) at their copies."""
+        keys, hashes = part
+        if not hashes:
+            for criterion in keys:
+                chain = self.chains.get(criterion)
+                if chain is not None:
+                    chain.locs = [moved.get(loc, loc) for loc in chain.locs]
+                    chain.orphans = [(moved.get(loc, loc), seq, d) for loc, seq, d in chain.orphans]
+            return
+        for digest in keys:
+            loc = self.by_hash.get(digest)
+            if loc is None or loc[0] >= below:
+                continue
+            new = moved.get(loc)
+            if new is None:
+                del self.by_hash[digest]  # names nothing the base holds: not ours to serve
+            else:
+                self.by_hash[digest] = new
 
     def finish(self) -> list[Loc]:
         """Place damaged frames that end a chain; return the locations of the others."""
@@ -224,6 +240,32 @@ class Index:
             left.append(loc)
         self._damage = []
         return left
+
+
+@attrs.frozen
+class Frozen:
+    """The index as :meth:`Index.freeze` took it."""
+
+    chains: list[tuple[list[Loc], list[bytes | None], list[tuple[Loc, int, bytes | None]]]]
+    quarantined: dict[bytes, tuple[int, int]]
+
+
+def layout(frozen: Frozen) -> tuple[list[tuple[int, Loc, bytes]], list[tuple[bytes, int, int]]] | None:
+    """What a base segment must hold to rebuild the index: ``(kind, location, hash)``
+    of every main-chain event (in chain order) and orphan (in list order), and the
+    quarantined ranges. ``None`` while a damaged record waits to be quarantined (it
+    cannot be copied, and its place in the chain would be lost)."""
+    records: list[tuple[int, Loc, bytes]] = []
+    for locs, hashes, orphans in frozen.chains:
+        for loc, digest in zip(locs, hashes):
+            if digest is None:
+                return None
+            records.append((fmt.EVENT, loc, digest))
+        for loc, _, digest in orphans:
+            if digest is None:
+                return None
+            records.append((fmt.ORPHAN, loc, digest))
+    return records, [(c, low, high) for c, (low, high) in frozen.quarantined.items()]
 
 
 @attrs.frozen

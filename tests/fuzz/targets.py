@@ -25,7 +25,7 @@ from ketten.interfaces import Peer
 from ketten.plugins import kademlia
 from ketten.plugins import static_overlay as static
 from ketten.plugins.file_store import _format as file_format
-from ketten.plugins.file_store._index import Index, Segment, replay
+from ketten.plugins.file_store._index import Index, Segment, layout, replay
 from ketten.plugins.gosskip import _messages as gosskip
 from ketten.wire import decode_message, loads
 
@@ -118,7 +118,7 @@ def file_records(data: bytes) -> None:
         index = Index()
         replay(index, [Segment(0, "fuzz", rest, len(rest))], {})
         index.finish()
-        index.layout()
+        layout(index.freeze())
     elif data[:1] == b"c":
         file_format.decode_cursor("fuzz", data[1:])
     elif data[:1] == b"q":
