@@ -311,6 +311,17 @@ async def test_damage_stops_a_compaction_and_changes_nothing(tmp_path: Path) -> 
         await store.compact()
     assert info.value.path == str(segment)
     assert not any(p.name.endswith(".tmp") for p in path.iterdir())
+    # Reopened, the store knows the damaged position: compaction waits for the
+    # quarantine, and drops do not try again and again.
+    await store.aclose()
+    store = FileStore(path=str(path), segment_bytes=500)
+    await store.open()
+    assert await store.compact() == 0
+    segments = _segments(path)
+    for n in range(2, 6):
+        await store.append(_events(_key(n), None, 5, b"e"))
+        await store.drop(_key(n))
+    assert len(_segments(path)) == len(segments) + 4  # rolled by the appends only
     # The damage is found by a read and quarantined as always; then compaction works.
     with pytest.raises(StoreCorrupted) as info:
         await store.range(keys[0])

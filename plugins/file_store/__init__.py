@@ -133,6 +133,8 @@ class FileStore:
     _compacting: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _reading: int = attrs.field(default=0, init=False)
     _retired: list[int] = attrs.field(factory=list, init=False)
+    _damage_waits: bool = attrs.field(default=False, init=False)
+    """A compaction found a damaged record; no other starts by itself until a quarantine."""
 
     @property
     def path(self) -> str:
@@ -425,6 +427,7 @@ class FileStore:
                 return bad
 
             bad = await self._thread(write)
+            self._damage_waits = False
             chain.orphans = [(loc, s, None if loc in bad else d) for loc, s, d in chain.orphans]
             removed = index.quarantine(criterion, from_seq, height)
             _events.warning("store_repaired", "%s: chain %s quarantined from seq %d (%d events "
@@ -469,7 +472,7 @@ class FileStore:
         return self._idx().live
 
     def _worth_compacting(self) -> bool:
-        if self._index is None or self._compacting.locked():
+        if self._index is None or self._compacting.locked() or self._damage_waits:
             return False
         dead = self.log_bytes - self._index.live
         return dead >= self._segment_bytes and dead >= self._index.live
@@ -480,9 +483,10 @@ class FileStore:
         Copies every record the store still serves into a new base segment
         (checking each against its hash), then unlinks the segments before it.
         Appends and reads go on meanwhile; appends wait only while the store
-        switches to the base and while it points a part of its index there. :meth:`drop` calls this when the unneeded bytes
-        reach both ``segment_bytes`` and the needed ones. Does nothing (returns
-        0) while a damaged record waits to be quarantined. Raises
+        switches to the base and while it points a part of its index there.
+        :meth:`drop` calls this when the unneeded bytes reach both
+        ``segment_bytes`` and the needed ones. Does nothing (returns 0) while a
+        damaged record waits to be quarantined. Raises
         :class:`~ketten.errors.StoreCorrupted` (a record does not match its
         hash; nothing is changed) or :class:`~ketten.errors.StoreError`.
         """
@@ -494,6 +498,7 @@ class FileStore:
                 await self._thread(self._roll_for_base)
                 number = self._wseg - 1
             planned = await self._thread(lambda: layout(frozen))
+            self._damage_waits = planned is None
             if planned is None:
                 return 0
             records, marks = planned
