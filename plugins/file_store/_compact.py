@@ -11,7 +11,7 @@ each record is checked against its hash on the way.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from hashlib import sha256
 
 from ketten.errors import StoreCorrupted, StoreError
@@ -23,7 +23,7 @@ from ._read import SegmentFiles
 __all__ = ["write_base"]
 
 _BATCH_FRAMES = 1024
-_READ_RECORDS = 4096
+_SPAN_BYTES = 4 << 20
 _WRITE_BYTES = 4 << 20
 
 
@@ -37,8 +37,7 @@ def write_base(
     """Write base segment ``number`` to ``path`` (a temporary file) durably.
 
     ``records`` are ``(EVENT or ORPHAN, location, hash)``, each chain's orphans
-in their order; returns where each
-    location went and the file's size. Raises
+    in their order; returns where each location went and the file's size. Raises
     :class:`~ketten.errors.StoreCorrupted` (a record does not match its
     hash: nothing is written) or :class:`~ketten.errors.StoreError` (I/O).
     """
@@ -51,23 +50,22 @@ in their order; returns where each
     try:
         out = _Writer(fd)
         out.frames([fmt.frame(fmt.BASE, fmt.BASE_BODY.pack(number))])
-        for at in range(0, len(ordered), _READ_RECORDS):
-            part = ordered[at : at + _READ_RECORDS]
-            batch: list[bytes] = []
-            pos = out.size
-            for (kind, loc, digest), (_, body) in zip(part, files.bodies([r[1] for r in part])):
-                if sha256(body).digest() != digest:
-                    raise StoreCorrupted("the record does not match its hash (found while "
-                                         "compacting)", path=files.path_of(loc[0]), offset=loc[1])
-                framed = fmt.frame(kind, body)
-                moved[loc] = (number, pos, pos + len(framed))
-                pos += len(framed)
-                batch.append(framed)
-                if len(batch) == _BATCH_FRAMES:
-                    out.frames(batch)
-                    batch, pos = [], out.size
-            if batch:
+        batch: list[bytes] = []
+        pos = out.size
+        for (kind, loc, digest), body in zip(ordered, _bodies(files, ordered)):
+            # The hash proves the body; the frame around it is written anew.
+            if sha256(body).digest() != digest:
+                raise StoreCorrupted("the record does not match its hash (found while "
+                                     "compacting)", path=files.path_of(loc[0]), offset=loc[1])
+            framed = fmt.frame(kind, body)
+            moved[loc] = (number, pos, pos + len(framed))
+            pos += len(framed)
+            batch.append(framed)
+            if len(batch) == _BATCH_FRAMES:
                 out.frames(batch)
+                batch, pos = [], out.size
+        if batch:
+            out.frames(batch)
         if marks:
             out.frames([fmt.frame(fmt.MARK, fmt.MARK_BODY.pack(*m)) for m in marks])
         out.flush()
@@ -77,6 +75,28 @@ in their order; returns where each
         raise StoreError(f"{path}: cannot write a compacted segment: {exc}") from exc
     finally:
         os.close(fd)
+
+
+def _bodies(files: SegmentFiles, records: Sequence[tuple[int, Loc, bytes]]) -> Iterator[bytes]:
+    """The frame body at each record's location, read a span at a time (a span of
+    records in one segment, in order, may hold frames no record needs)."""
+    i = 0
+    while i < len(records):
+        seg, start, end = records[i][1]
+        j = i + 1
+        while j < len(records):
+            nseg, noff, nend = records[j][1]
+            if nseg != seg or noff < end or nend - start > _SPAN_BYTES:
+                break
+            end = nend
+            j += 1
+        chunk = files.read(seg, start, end - start)
+        if len(chunk) != end - start:
+            raise StoreCorrupted("the segment ends before a record it holds",
+                                 path=files.path_of(seg), offset=len(chunk) + start)
+        for _, (_, off, frame_end), _ in records[i:j]:
+            yield chunk[off - start + fmt.HEADER_SIZE : frame_end - start]
+        i = j
 
 
 class _Writer:
@@ -89,10 +109,10 @@ class _Writer:
         self.size = 0
 
     def frames(self, frames: list[bytes]) -> None:
-        for data in (*frames, fmt.frame(fmt.COMMIT, fmt.COMMIT_BODY.pack(len(frames)))):
-            self._pending.append(data)
-            self._pending_bytes += len(data)
-            self.size += len(data)
+        data = b"".join(frames) + fmt.frame(fmt.COMMIT, fmt.COMMIT_BODY.pack(len(frames)))
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        self.size += len(data)
         if self._pending_bytes >= _WRITE_BYTES:
             self.flush()
 

@@ -77,6 +77,13 @@ class SegmentFiles:
                 yield (seg_, off, frame_end), chunk[found[1] : found[2]]
             i = j
 
+    def read(self, number: int, offset: int, size: int) -> bytes:
+        """Bytes of a segment, unchecked. Raises :class:`~ketten.errors.StoreError`."""
+        try:
+            return os.pread(self._fd(number), size, offset)
+        except OSError as exc:
+            raise StoreError(f"{self.path_of(number)}: cannot read: {exc}") from exc
+
     def keep_open(self, numbers: Sequence[int]) -> None:
         """Open the segments now, so that reads go on after their files are unlinked."""
         for number in numbers:
