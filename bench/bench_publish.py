@@ -13,7 +13,7 @@ use more than one core). Figures:
 
     python bench/bench_publish.py [--sequential 300] [--criteria 64] [--per-criterion 150]
                                   [--store sqlite|memory] [--compare] [--inline-limit 0.005]
-                                  [--compare-encryption]
+                                  [--compare-encryption] [--gc-threshold 50000]
 
 The machine's load average is printed too: on a shared machine the figures
 move with it. The CPU time all nodes spent per acknowledged event in the
@@ -21,7 +21,9 @@ concurrent run (every worker publishes there) moves less. ``--compare``
 repeats the publish runs with memory stores: the difference is what the
 durable store costs; ``--compare-encryption`` repeats them with frame
 encryption off (the ratio on / off is what encryption costs). Catching up (copying a chain to a new broker) is
-measured by ``bench_reconfig.py``.
+measured by ``bench_reconfig.py``. The node processes set their collector as
+``ketten serve`` does (:func:`ketten.tune_gc`); ``--gc-threshold 0`` keeps
+Python's own settings.
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ from pathlib import Path
 
 import trio
 
-from ketten import Event, Identity, NodeConfig, criterion_key, open_node, verify_signature
+from ketten import Event, Identity, NodeConfig, criterion_key, open_node, tune_gc, verify_signature
 
 WORKERS = 5
+GC_THRESHOLD = 50_000
+"""The node processes' youngest-generation gc threshold: ``ketten serve``'s default."""
 
 
 def identity(index: int) -> Identity:
@@ -65,6 +69,7 @@ def config(index: int, base: Path, seeds: list[str], store: str = "sqlite",
 async def worker(index: int, base: Path, seeds: list[str], store: str,
                  inline_limit: float, encrypt: bool) -> None:
     async with open_node(config(index, base, seeds, store, inline_limit, encrypt)) as node:
+        tune_gc(GC_THRESHOLD)  # as ``ketten serve`` does
         print("READY", node.address, flush=True)
         stdin = trio.wrap_file(sys.stdin)
         while True:
@@ -108,7 +113,7 @@ class Worker:
         self.proc = subprocess.Popen(
             [sys.executable, __file__, "--worker", str(index), "--dir", str(base),
              "--seeds", ",".join(seeds), "--store", store, "--inline-limit", str(inline_limit),
-             *([] if encrypt else ["--no-encrypt"])],
+             "--gc-threshold", str(GC_THRESHOLD), *([] if encrypt else ["--no-encrypt"])],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.address = self.expect("READY")[0]
 
@@ -208,6 +213,7 @@ def publish_figures(workers: list[Worker], store: str, args: argparse.Namespace,
 
 
 def main() -> None:
+    global GC_THRESHOLD
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sequential", type=int, default=300)
     parser.add_argument("--criteria", type=int, default=64)
@@ -223,11 +229,15 @@ def main() -> None:
     parser.add_argument("--compare-encryption", action="store_true",
                         help="also run the publish figures with frame encryption off and "
                              "print the ratios (what encryption costs, same machine load)")
+    parser.add_argument("--gc-threshold", type=int, default=GC_THRESHOLD,
+                        help="the node processes' youngest-generation gc threshold, as "
+                             "ketten serve's --gc-threshold (0: Python's own settings)")
     parser.add_argument("--no-encrypt", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--dir", help=argparse.SUPPRESS)
     parser.add_argument("--seeds", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    GC_THRESHOLD = args.gc_threshold
     if args.worker is not None:
         trio.run(worker, args.worker, Path(args.dir), [s for s in args.seeds.split(",") if s],
                  args.store, args.inline_limit, not args.no_encrypt)

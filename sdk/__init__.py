@@ -48,6 +48,7 @@ from ._node.node import Node, NodeStatistics, open_node
 from ._node.option_schema import Option, PluginSpec
 from ._node.plugins import broken_plugins, installed_names, plugin_manager
 from ._node.replicator import ReplicationStatistics
+from ._process import tune_gc
 from .errors import (
     BrokenLink,
     CommandIdReused,
@@ -153,6 +154,7 @@ __all__ = [
     "puzzle_ok",
     "scan_encoded_chain",
     "solve_puzzle",
+    "tune_gc",
     "verify_signature",
     "wire",
 ]

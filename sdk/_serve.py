@@ -5,8 +5,8 @@
 
 Flags override the JSON ``--config`` file, which may hold any of
 ``listen``, ``advertise``, ``bootstrap`` (list), ``overlay``, ``store``,
-``data``, ``key``, ``replication``, ``request_timeout``, ``log_level`` and
-``options`` (per plugin kind, as :class:`ketten.NodeConfig` takes them). The
+``data``, ``key``, ``replication``, ``request_timeout``, ``log_level``,
+``gc_threshold`` (see :func:`ketten.tune_gc`) and ``options`` (per plugin kind, as :class:`ketten.NodeConfig` takes them). The
 key file is created (mode 0600) if it does not exist. Once serving, one
 line ``ketten: serving at ADDRESS node NODE_ID`` goes to stdout; logs go to
 stderr. SIGTERM or SIGINT closes the node cleanly (stores closed, commit
@@ -29,12 +29,13 @@ import trio
 from ._core.identity import Identity
 from ._node.config import NodeConfig
 from ._node.node import open_node
+from ._process import DEFAULT_GC_THRESHOLD, tune_gc
 from .errors import ConfigError, KettenError
 
 __all__ = ["build_config", "serve", "serve_settings"]
 
 _FLAGS = ("listen", "advertise", "overlay", "store", "data", "key", "replication",
-          "request_timeout", "log_level")
+          "request_timeout", "log_level", "gc_threshold")
 
 
 def serve_settings(config: str | None, bootstrap: Sequence[str] | None,
@@ -61,7 +62,7 @@ def serve_settings(config: str | None, bootstrap: Sequence[str] | None,
 def build_config(settings: Mapping[str, Any]) -> NodeConfig:
     """A node configuration from ``serve`` settings. Raises :class:`ConfigError`."""
     known = {"listen", "advertise", "bootstrap", "overlay", "store", "data", "key",
-             "replication", "request_timeout", "log_level", "options"}
+             "replication", "request_timeout", "log_level", "gc_threshold", "options"}
     unknown = set(settings) - known
     if unknown:
         raise ConfigError(f"unknown serve settings: {', '.join(sorted(unknown))} "
@@ -105,9 +106,10 @@ def build_config(settings: Mapping[str, Any]) -> NodeConfig:
                       options=options, **extra)
 
 
-async def _run(config: NodeConfig) -> None:
+async def _run(config: NodeConfig, gc_threshold: int) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with open_node(config) as node:
+            tune_gc(gc_threshold)
             print(f"ketten: serving at {node.address} node {node.identity.node_id.hex()}",
                   flush=True)
             async for signum in signals:
@@ -129,6 +131,9 @@ async def _run(config: NodeConfig) -> None:
 @click.option("--replication", type=int, help="brokers per chain, r (default 3)")
 @click.option("--request-timeout", type=float, help="seconds to wait for one peer's reply")
 @click.option("--log-level", help="DEBUG, INFO (default), WARNING or ERROR")
+@click.option("--gc-threshold", type=int,
+              help=f"allocations between collections of the youngest generation once the "
+                   f"node is open (default {DEFAULT_GC_THRESHOLD}; 0: Python's own settings)")
 def serve(config: str | None, bootstrap: tuple[str, ...], **flags: Any) -> int:
     """Run a node until SIGTERM or SIGINT (logs to stderr).
 
@@ -142,10 +147,13 @@ def serve(config: str | None, bootstrap: tuple[str, ...], **flags: Any) -> int:
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(f"log level must be DEBUG, INFO, WARNING or ERROR, not {level!r}")
     node_config = build_config(settings)
+    gc_threshold = settings.get("gc_threshold", DEFAULT_GC_THRESHOLD)
+    if type(gc_threshold) is not int or gc_threshold < 0:
+        raise ConfigError(f"gc_threshold must be an int >= 0, not {gc_threshold!r}")
     logging.basicConfig(stream=sys.stderr, level=getattr(logging, level),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        trio.run(_run, node_config)
+        trio.run(_run, node_config, gc_threshold)
     except KettenError:
         raise
     except BaseExceptionGroup as group:
