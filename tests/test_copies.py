@@ -262,3 +262,36 @@ async def test_dropped_copies_give_their_disk_space_back_on_the_file_store(
 async def _within(node: Node, events: int) -> bool:
     await trio.lowlevel.checkpoint()
     return node.copy_statistics().copy_events <= events
+
+
+async def test_a_store_that_fails_to_drop_a_copy_does_not_stop_the_node(
+        autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    async with open_cluster(5, seed=34, options={"replication": {"copies_events": 10}}) as c:
+        reader = 4
+        a, b = _outside(c, reader, 2)
+        writer = next(i for i in c.brokers(criterion_key(a)) if i != reader)
+        await _fill(c, writer, [a, b], 8)
+        node = c.nodes[reader]
+
+        async def broken(self: object, criterion: bytes) -> int:
+            raise RuntimeError("a bug in the store plugin")
+
+        monkeypatch.setattr(type(node.store), "drop", broken)  # only readers ever drop
+        assert len(await node.read(a)) == 8
+        assert len(await node.read(b)) == 8  # 16 > 10: a should go, but the store fails
+        await trio.sleep(1)
+        assert "a bug of the store" in caplog.text
+        assert (await node.store.head(criterion_key(a))).seq == 7
+        stats = node.copy_statistics()
+        assert (stats.copies, stats.copies_dropped) == (2, 0)
+        # The node goes on serving; once the store works again the copy goes.
+        monkeypatch.undo()
+        assert len(await node.read(b)) == 8
+        await _until(lambda: _dropped(node, 1), "a was dropped")
+        assert await _gone(node, a)
+
+
+async def _dropped(node: Node, copies: int) -> bool:
+    await trio.lowlevel.checkpoint()
+    return node.copy_statistics().copies_dropped >= copies

@@ -46,7 +46,10 @@ def write_base(
     ordered = sorted((r for r in records if r[0] == fmt.EVENT), key=lambda r: r[1])
     ordered += [r for r in records if r[0] != fmt.EVENT]
     moved: dict[Loc, Loc] = {}
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot write a compacted segment: {exc}") from exc
     try:
         out = _Writer(fd)
         out.frames([fmt.frame(fmt.BASE, fmt.BASE_BODY.pack(number))])

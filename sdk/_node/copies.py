@@ -134,6 +134,11 @@ class Copies:
                     _log.warning("copy_drop_failed", "dropping the copy of %s failed: %s",
                                  criterion.hex()[:16], exc, key="copy_drop_failed")
                     continue
+                except Exception as exc:  # a store plugin's bug: the copy stays, the node runs
+                    _log.warning("copy_drop_failed", "dropping the copy of %s failed (a bug "
+                                 "of the store): %s: %s", criterion.hex()[:16],
+                                 type(exc).__name__, exc, key="copy_drop_bug", exc_info=True)
+                    continue
                 self.budget.forget(criterion)
                 self._counts["copies_dropped"] += 1
                 self._counts["copy_events_dropped"] += removed
