@@ -60,6 +60,17 @@ async def _dump(store: FileStore | MemoryStore, criteria: list[bytes]) -> dict[s
     return out
 
 
+async def _filled(path: Path, segment_bytes: int, chains: int, events: int,
+                  tag: bytes) -> tuple[FileStore, list[bytes]]:
+    """An open store with ``chains`` chains of ``events`` events each."""
+    store = FileStore(path=str(path), segment_bytes=segment_bytes)
+    await store.open()
+    keys = [_key(n) for n in range(chains)]
+    for criterion in keys:
+        await store.append(_events(criterion, None, events, tag))
+    return store, keys
+
+
 def _segments(path: Path) -> list[str]:
     return sorted(p.name for p in path.iterdir() if p.name.startswith("seg-"))
 
@@ -190,11 +201,7 @@ async def test_drops_compact_by_themselves_once_most_of_the_log_is_garbage(
 
 async def test_appends_and_reads_go_on_while_a_compaction_copies(tmp_path: Path) -> None:
     path = tmp_path / "store"
-    store = FileStore(path=str(path), segment_bytes=1 << 16)
-    await store.open()
-    keys = [_key(n) for n in range(6)]
-    for criterion in keys:
-        await store.append(_events(criterion, None, 600, b"base"))
+    store, keys = await _filled(path, 1 << 16, 6, 600, b"base")
     await store.drop(keys[5])
     reader = FileReader(str(path))  # an offline reader, opened before the switch
     offline = {c: list(reader.read_encoded(c)) for c in keys[:2]}
@@ -235,11 +242,7 @@ async def test_appends_and_reads_go_on_while_a_compaction_copies(tmp_path: Path)
 async def test_a_crash_at_any_step_of_a_compaction_leaves_a_store_that_opens(
         tmp_path: Path) -> None:
     path = tmp_path / "store"
-    store = FileStore(path=str(path), segment_bytes=3000)
-    await store.open()
-    keys = [_key(n) for n in range(3)]
-    for criterion in keys:
-        await store.append(_events(criterion, None, 50, b"x"))
+    store, keys = await _filled(path, 3000, 3, 50, b"x")
     await store.drop(keys[2])
     expected = await _dump(store, keys)
     await store.aclose()
@@ -294,11 +297,7 @@ async def test_a_crash_at_any_step_of_a_compaction_leaves_a_store_that_opens(
 
 async def test_damage_stops_a_compaction_and_changes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "store"
-    store = FileStore(path=str(path), segment_bytes=1 << 20)
-    await store.open()
-    keys = [_key(n) for n in range(2)]
-    for criterion in keys:
-        await store.append(_events(criterion, None, 20, b"d"))
+    store, keys = await _filled(path, 1 << 20, 2, 20, b"d")
     await store.drop(keys[1])
     victim = (await store.range(keys[0], 7, 8))[0]
     segment = path / fmt.segment_name(0)
@@ -341,11 +340,7 @@ async def test_damage_stops_a_compaction_and_changes_nothing(tmp_path: Path) -> 
 async def test_a_compaction_that_cannot_finish_changes_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "store"
-    store = FileStore(path=str(path), segment_bytes=2000)
-    await store.open()
-    keys = [_key(n) for n in range(3)]
-    for criterion in keys:
-        await store.append(_events(criterion, None, 30, b"y"))
+    store, keys = await _filled(path, 2000, 3, 30, b"y")
     real_replace = os.replace
 
     def full_disk(src: str, dst: str) -> None:
