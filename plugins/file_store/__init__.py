@@ -171,14 +171,13 @@ class FileStore:
             os.makedirs(os.path.join(path, _CURSORS), exist_ok=True)
             _remove_leftovers(path)
             spans = _load_spans(path)
-            index, (last, valid_end), numbers, stale = load_index(path, spans, files)
+            index, (last, valid_end), sizes, stale = load_index(path, spans, files)
             for number in stale:  # a crash came between a compaction's base and its cleanup
                 os.unlink(files.path_of(number))
             seg_path = files.path_of(last)
             wfd = os.open(seg_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            if not numbers or stale:
+            if not sizes or stale:
                 fsync_dir(path)
-            sizes = {n: os.stat(files.path_of(n)).st_size for n in numbers}
             sizes[last] = valid_end
             size = os.fstat(wfd).st_size
             if size > valid_end:

@@ -203,14 +203,14 @@ def _damaged(files: SegmentFiles, criterion: bytes, seq: int, loc: Loc, why: str
 
 
 def load_index(
-    path: str, spans: dict[tuple[int, int], int], files: SegmentFiles | None = None
-) -> tuple[Index, tuple[int, int], list[int], list[int]]:
+    path: str, spans: dict[tuple[int, int], int], files: SegmentFiles
+) -> tuple[Index, tuple[int, int], dict[int, int], list[int]]:
     """Replay the segments of ``path`` read-only, from the last base segment on.
 
-    Returns the index, where valid data ends, the segment numbers replayed and
-    those before the last base (garbage a compaction left). With ``files``,
-    the replayed segments are kept open there, so that a compaction that
-    removes them later does not disturb reads. Raises
+    Returns the index, where valid data ends, the sizes of the segments
+    replayed and the numbers of those before the last base (garbage a
+    compaction left). The replayed segments are kept open in ``files``, so
+    that a compaction that removes them later does not disturb reads. Raises
     :class:`~ketten.errors.StoreCorrupted`, and :class:`FileNotFoundError` if
     a compaction removed a segment while it was being opened (try again).
     """
@@ -226,8 +226,7 @@ def load_index(
                 if size:
                     data = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
                     maps.append(data)
-                if files is not None:
-                    files.adopt(number, os.dup(f.fileno()))
+                files.adopt(number, os.dup(f.fileno()))
             segments.append(Segment(number, seg_path, data, size))
         first = max((i for i, seg in enumerate(segments) if fmt.is_base(seg.data, seg.size)),
                     default=0)
@@ -239,12 +238,11 @@ def load_index(
                 gaps.insert(0, replayed[0] - 1)
             if gaps:
                 raise StoreCorrupted(f"segment {fmt.segment_name(gaps[0])} is missing", path=path)
-        if files is not None:
-            files.forget(stale)
+        files.forget(stale)
         index = Index()
         end = replay(index, segments, spans)
         index.finish()
     finally:
         for m in maps:
             m.close()
-    return index, end, replayed, stale
+    return index, end, {s.number: s.size for s in segments}, stale

@@ -146,7 +146,6 @@ class Copies:
         return dropped
 
 
-
 def pins_of(cursors: Mapping[str, bytes]) -> set[bytes]:
     """The pinned chains among the store cursors under :data:`PIN_PREFIX`."""
     pins = set()
