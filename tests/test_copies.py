@@ -295,3 +295,55 @@ async def test_a_store_that_fails_to_drop_a_copy_does_not_stop_the_node(
 async def _dropped(node: Node, copies: int) -> bool:
     await trio.lowlevel.checkpoint()
     return node.copy_statistics().copies_dropped >= copies
+
+
+# -- former brokers --------------------------------------------------------------------
+
+
+async def test_a_broker_the_chain_moved_away_from_keeps_it_only_as_a_reader_copy(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """When a move is committed, its leader tells the brokers it left out to retire:
+    they stop replicating the chain and keep its committed events as a reader's
+    copy, within ``copies_events``. Nothing acknowledged is lost, the former broker
+    still reads the chain, and when the chain moves back it catches up again."""
+    async with open_cluster(4, seed=33, hysteresis=4.0, evict_after=3.0,
+                            options={"replication": {"copies_events": 10}}) as c:
+        newcomer = c.identity(9)
+        key = newcomer.node_id  # the newcomer will be the closest node to this key
+        events = [await c.nodes[i % 4].publish(key, b"%d" % i, command=i) for i in range(25)]
+        before = c.brokers(key)
+        await c.start(9)
+        await c.moved(key)
+        assert await c.settle(key) == events
+        (former,) = [i for i in before if i not in c.brokers(key)]
+        node = c.nodes[former]
+        await _until(lambda: _retired(node, key), "the former broker retired")
+        assert node.replication_statistics().retirements == 1
+        # 25 events are more than its copies may hold: the copy went.
+        await _until(lambda: _gone_key(node, key), "the former broker's copy was dropped")
+        assert node.copy_statistics().copy_events_dropped == 25
+        for index in c.brokers(key):
+            assert c.nodes[index].replication_statistics().retirements == 0
+            assert await c.chain(index, key) == events
+
+        # Publishing goes on, and the former broker reads the whole chain.
+        events.append(await c.nodes[former].publish(key, b"after the move"))
+        assert await node.read(key) == events
+
+        # The newcomer goes: the chain moves back, and the former broker catches up.
+        await c.stop(9)
+        await c.moved(key)
+        assert former in c.brokers(key)
+        assert await c.settle(key, 30.0) == events
+        assert await c.chain(former, key) == events
+        configuration = await node.configuration(key)
+        assert configuration is not None
+        assert c.identity(former).public_key in configuration.voter_keys()
+
+
+async def _retired(node: Node, key: bytes) -> bool:
+    return node.replication_statistics().retirements > 0
+
+
+async def _gone_key(node: Node, key: bytes) -> bool:
+    return await node.store.head(key) is None

@@ -34,6 +34,7 @@ from ketten._core.messages import (
     OfferItem,
     Ping,
     Pong,
+    Retire,
     Route,
     Vote,
     VoteItem,
@@ -49,6 +50,7 @@ from ketten._core.publish import (
 )
 from ketten._core.read import ReadAttempt, ReadStep
 from ketten._core.reconfig import Change, Reconfiguration
+from ketten._core.replica import Replica, Role
 
 KEY = criterion_key("cores")
 AUTHOR = Identity.from_seed(b"\x11" * 32)
@@ -396,6 +398,60 @@ def test_a_leader_that_left_hands_over_and_slow_learners_are_given_up() -> None:
     assert step(slow, 23.0, (FIRST,), desired, learners={KEYS[5]}).change is Change.FORGET
 
 
+def test_the_leader_names_the_brokers_a_pruned_configuration_leaves_out() -> None:
+    joint = ChainConfig(2, [MEMBERS[0], MEMBERS[4], MEMBERS[5]], MEMBERS[:3], at=9, term=2)
+    final = ChainConfig(3, [MEMBERS[0], MEMBERS[4], MEMBERS[5]], at=9, term=2)
+    leader = Replica(KEY, KEYS[0], ChainState(term=2, configs=(joint, final)), (9, b"h" * 32))
+    assert {m.key for m in leader.retired_members()} == {KEYS[1], KEYS[2]}
+    assert Replica(KEY, KEYS[0], ChainState(term=2, configs=(FIRST, joint)),
+                   None).retired_members() == (), "a joint configuration leaves nobody out"
+    assert Replica(KEY, KEYS[0], ChainState(configs=(final,)), None).retired_members() == ()
+
+
+def test_a_broker_retires_only_when_a_voter_it_knows_says_it_is_left_out() -> None:
+    joint = ChainConfig(2, [MEMBERS[0], MEMBERS[4], MEMBERS[5]], MEMBERS[:3], at=9, term=2)
+    final = ChainConfig(3, [MEMBERS[0], MEMBERS[4], MEMBERS[5]], at=9, term=2)
+
+    def former(*configs: ChainConfig, term: int = 2) -> Replica:
+        return Replica(KEY, KEYS[1], ChainState(term=term, configs=configs), (9, b"h" * 32))
+
+    assert former(joint, final).retired_by(KEYS[0], 2, final)
+    assert former(FIRST).retired_by(KEYS[0], 2, final), "missed the moves: told by a voter"
+    assert former(joint).retired_by(KEYS[0], 3, final), "a newer term is fine"
+    assert not former(FIRST).retired_by(KEYS[4], 2, final), "not a voter of ours"
+    assert not former(joint).retired_by(KEYS[3], 2, final), "not a voter of the new one"
+    assert not former(joint, term=3).retired_by(KEYS[0], 2, final), "an older term"
+    assert not former(joint).retired_by(KEYS[0], 2, joint), "it names us"
+    newer = ChainConfig(4, [MEMBERS[0], MEMBERS[1], MEMBERS[5]], at=12, term=3)
+    assert not former(final, newer).retired_by(KEYS[0], 3, final), "we know a newer one"
+    other = ChainConfig(3, [MEMBERS[0], MEMBERS[3], MEMBERS[5]], at=9, term=2)
+    assert not former(joint, final).retired_by(KEYS[0], 2, other), "another epoch 3"
+    learner = Replica(KEY, KEYS[3], ChainState(term=2, configs=(FIRST,)), None)
+    assert not learner.retired_by(KEYS[0], 2, final), "a learner never voted"
+    assert not Replica(KEY, KEYS[1], ChainState(), None).retired_by(KEYS[0], 2, final)
+    leading = former(joint)
+    leading.role = Role.LEADER
+    assert not leading.retired_by(KEYS[0], 2, final)
+
+
+def test_a_retire_message_is_refused_whole_when_any_item_is_malformed() -> None:
+    final = ChainConfig(3, [MEMBERS[0], MEMBERS[4], MEMBERS[5]], at=9, term=2)
+    message = Retire(((KEY, 2, final, (9, b"h" * 32)), (b"k" * 32, 1, final, None)))
+    assert Retire.from_wire(message.to_wire()) == message
+    good = [KEY, 2, final.encode(), [9, b"h" * 32]]
+    for items, named in [
+        ([], "must not be empty"),
+        ([good, good], "one item per chain"),
+        ([[KEY, 0, final.encode(), None]], "term"),
+        ([[KEY, 2, [3, [], [], 9, 2], None]], "at least one voter"),
+        ([[KEY, 2, final.encode(), [9, b"short"]]], "32-byte hash"),
+        ([[KEY, 2, final.encode()]], "expected"),
+        ([good] * 300, "at most"),
+    ]:
+        with pytest.raises(DecodeError, match=named):
+            Retire.from_wire({"i": items})
+
+
 # -- a subscription's receiving end -------------------------------------------------
 
 
@@ -495,7 +551,7 @@ def test_messages_round_trip(config: ChainConfig, term: int, pos: object,
                     | st.dictionaries(st.text(max_size=3), inner, max_size=4), max_leaves=12))
 def test_message_decoders_raise_only_decode_errors(body: object) -> None:
     for kind in (Offer, Append, Vote, CommitQuery, Fetch, Locate, Digest, Handover, CommitNotice,
-                 Ping):
+                 Retire, Ping):
         try:
             kind.from_wire(body)
         except DecodeError:

@@ -48,6 +48,7 @@ __all__ = [
     "Ping",
     "Pong",
     "Request",
+    "Retire",
     "Route",
     "Vote",
     "VoteItem",
@@ -416,6 +417,41 @@ def _notice_item(value: Any, where: str) -> tuple[bytes, int, Pos]:
     if pos is None:
         raise DecodeError("the commit must not be null", where=where)
     return _key(value[0], where), term, pos
+
+
+@attrs.frozen
+class Retire:
+    """One-way, the leader of ``term`` to a broker its chain no longer needs:
+    ``config`` is committed (the configurations before it are pruned) and does not
+    name the receiver, and ``commit`` is committed. The receiver gives up its
+    replication state and keeps its copy as a reader's copy. A lost one leaves
+    the receiver a former member that keeps its copy, as before."""
+
+    SERVICE: ClassVar[str] = "retire"
+
+    items: tuple[tuple[bytes, int, ChainConfig, Pos | None], ...]
+    """``(criterion, term, config, commit)`` per chain."""
+
+    def to_wire(self) -> Any:
+        return {"i": [[c, t, cf.encode(), encode_pos(p)] for c, t, cf, p in self.items]}
+
+    @classmethod
+    def from_wire(cls, body: Any) -> Retire:
+        m = _map(body, "retire")
+        items = _items(m, "i", "retire", _retire_item, nonempty=True)
+        if len({c for c, _, _, _ in items}) != len(items):
+            raise DecodeError("one item per chain", where="retire")
+        return cls(items)
+
+
+def _retire_item(value: Any, where: str) -> tuple[bytes, int, ChainConfig, Pos | None]:
+    if type(value) is not list or len(value) != 4:
+        raise DecodeError("expected [criterion, term, configuration, commit]", where=where)
+    term = value[1]
+    if type(term) is not int or not 1 <= term <= MAX_UINT:
+        raise DecodeError("term must be a positive integer", where=where)
+    config = _config(value[2], f"{where}.configuration")
+    return _key(value[0], where), term, config, decode_pos(value[3], where=where)
 
 
 @attrs.frozen

@@ -752,6 +752,37 @@ class Replica:
         mine = -1 if self.commit is None else self.commit[0]
         return epoch < pending.epoch and commit > pending.at and mine <= pending.at
 
+    def retired_by(self, sender: bytes, term: int, config: ChainConfig) -> bool:
+        """The leader of ``term`` says ``config`` is committed and does not name this
+        broker (a :class:`~ketten._core.messages.Retire`): may this broker give up
+        its replication state? Only a follower (not standing for leader) that is a
+        voter of one of the configurations it holds, none of them newer than
+        ``config``, told by a voter of both ``config`` and one it holds (it cannot
+        check that ``config`` was committed), in a term not older than its own."""
+        st = self.state
+        if self.role is not Role.FOLLOWER or term < st.term or not st.configs:
+            return False
+        if config.is_voter(self.own) or not config.is_voter(sender):
+            return False
+        if st.epoch > config.epoch or (st.epoch == config.epoch and st.config != config):
+            return False
+        return (any(c.is_voter(self.own) for c in st.configs)
+                and any(c.is_voter(sender) for c in st.configs))
+
+    def retired_members(self) -> tuple[Member, ...]:
+        """Voters of the configurations :meth:`prune_configs` would drop that the
+        configuration in force does not name (the leader tells them to retire)."""
+        config = self.config
+        if config is None or len(self.state.configs) <= 1:
+            return ()
+        keep = config.keys()
+        out: dict[bytes, Member] = {}
+        for old in self.state.configs[:-1]:
+            for member in old.members():
+                if member.key not in keep and member.key != self.own:
+                    out.setdefault(member.key, member)
+        return tuple(out.values())
+
     def prune_configs(self) -> ChainState | None:
         """Drop configurations older than the committed one in force."""
         if len(self.state.configs) <= 1:

@@ -75,6 +75,11 @@ class Copies:
     def _orphaned(self, criterion: bytes, orphans: Sequence[Event], head: Event | None) -> None:
         self._note(criterion, 0 if head is None else head.seq + 1)
 
+    def note(self, criterion: bytes, events: int) -> None:
+        """``criterion`` may have become a reader's copy of ``events`` events without an
+        append (this node stopped replicating it)."""
+        self._note(criterion, events)
+
     def _note(self, criterion: bytes, events: int) -> None:
         if events == 0 or self.chains.replicated(criterion):
             self.budget.forget(criterion)

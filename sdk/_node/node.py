@@ -164,6 +164,7 @@ class Node:
         self._copies = Copies(chains, CopyBudget(self._options.copies_events),
                               lambda key: (replicator.holds(key) or replicator.loaded(key)
                                            is not None or feeds.subscribed(key)))
+        replicator.on_released(self._copies.note)
         chains.on_appended(self._appended)
         chains.on_orphaned(self._orphaned)
         chains.on_dropped(self._dropped)

@@ -42,6 +42,7 @@ from .._core.messages import (
     DigestReply,
     Fetch,
     Locate,
+    Retire,
     Route,
     Vote,
     VoteItem,
@@ -232,6 +233,10 @@ class ReplicationStatistics:
     quarantines: int
     """Chains cut back where the store found damage, to be fetched again from the
     members (see :meth:`Replicator.quarantine`)."""
+    retirements: int
+    """Chains this node stopped replicating when their leader said a configuration
+    without it was committed; each copy stays as a reader's copy, within
+    ``copies_events``."""
     state_writes: int
     lookups: int
     claims_refuted: int = 0
@@ -279,6 +284,7 @@ class Replicator:
     """Anti-entropy: which peers are due, and the digest buckets shared with each."""
     _watch_moves: MoveWatch = attrs.field(init=False)
     _committed: list[Callable[[bytes, Pos], None]] = attrs.field(factory=list, init=False)
+    _released: list[Callable[[bytes, int], None]] = attrs.field(factory=list, init=False)
     _learner_members: dict[bytes, Member] = attrs.field(factory=dict, init=False)
     _repairs: dict[bytes, float] = attrs.field(factory=dict, init=False)
     _genesis: dict[bytes, tuple[bytes, int]] = attrs.field(factory=dict, init=False)
@@ -296,12 +302,14 @@ class Replicator:
         self._counts = dict.fromkeys(
             ("elections_won", "elections_lost", "appends_sent", "append_requests", "commit_notices",
              "events_synced", "forks_resolved", "reconfigurations", "anti_entropy_rounds",
-             "full_rounds", "digests_sent", "peer_failures", "chains_yielded", "recoveries", "quarantines"), 0)
+             "full_rounds", "digests_sent", "peer_failures", "chains_yielded", "recoveries", "quarantines",
+             "retirements"), 0)
         self.rpc.serve(Append, self._serve_append)
         self.rpc.serve(Vote, self._serve_vote)
         self.rpc.serve(Digest, self._serve_digest)
         self.rpc.serve_messages("elect", self._take_elect)
         self.rpc.serve_messages(CommitNotice.SERVICE, self._take_commit_notice)
+        self.rpc.serve_messages(Retire.SERVICE, self._take_retire)
         self.chains.on_appended(self._appended)
         self.chains.on_orphaned(self._orphaned)
 
@@ -322,6 +330,11 @@ class Replicator:
     def on_committed(self, observer: Callable[[bytes, Pos], None]) -> None:
         """Call ``observer(criterion, commit)`` whenever a commit position advances here."""
         self._committed.append(observer)
+
+    def on_released(self, observer: Callable[[bytes, int], None]) -> None:
+        """Call ``observer(criterion, events)`` when this node gives up its replication
+        state of a chain and keeps ``events`` of it as a reader's copy."""
+        self._released.append(observer)
 
     def loaded(self, criterion: bytes) -> Replica | None:
         return self._replicas.get(criterion)
@@ -1250,6 +1263,55 @@ class Replicator:
                 if replica.on_commit_notice(peer.public_key, term, commit, held) is not None:
                     self._commit_learned(criterion, commit)
 
+    async def _farewell(self, member: Member, message: Retire) -> None:
+        """Tell a broker a committed configuration left out to retire (one try: one
+        that does not hear it stays a former member that keeps its copy)."""
+        with trio.move_on_after(self.options.request_timeout):
+            try:
+                await self.rpc.notify(self.sets.address(member), Retire.SERVICE,
+                                      message.to_wire())
+            except KettenError:
+                pass
+
+    async def _take_retire(self, peer: Peer, body: Any) -> None:
+        for criterion, term, config, commit in Retire.from_wire(body).items:
+            if criterion in self._members:  # only chains held here: nothing else is loaded
+                await self._retire(peer.public_key, criterion, term, config, commit)
+
+    async def _retire(self, sender: bytes, criterion: bytes, term: int, config: ChainConfig,
+                      commit: Pos | None) -> None:
+        """The chain's leader says it no longer needs this node (see
+        :meth:`Replica.retired_by`): give up the replication state (the term and vote
+        are kept) and keep what is known committed as a reader's copy, which the copy
+        budget may drop."""
+        async with self.chains.lock(criterion):
+            replica = await self.replica(criterion)
+            if (replica is None or criterion in self._campaigns
+                    or not replica.retired_by(sender, term, config)):
+                return
+            keep = -1 if replica.commit is None else replica.commit[0]
+            if (commit is not None and commit[0] > keep
+                    and await self.chains.hash_at(criterion, commit[0]) == commit[1]):
+                keep = commit[0]  # the hash chain makes everything up to it committed
+            self._replicas.pop(criterion, None)
+            state = ChainState(term=replica.state.term, voted_for=replica.state.voted_for)
+            await self.chains.save_state(criterion, state)
+            self._index(criterion, state)
+            self._dirty_states.pop(criterion, None)
+            self._reconfigs.pop(criterion, None)
+            self.sets.forget(criterion)
+            orphans = await self.chains.cut(criterion, keep + 1, [])
+            head = await self.chains.head_pos(criterion)
+        self._counts["retirements"] += 1
+        self._events.info("retired", "%s: chain %s moved to configuration %d without this "
+                          "node; it keeps %d committed events as a reader's copy (%d "
+                          "uncommitted dropped)", self.own().address, criterion.hex()[:16],
+                          config.epoch, keep + 1, len(orphans), criterion=criterion.hex(),
+                          epoch=config.epoch, kept=keep + 1, dropped=len(orphans))
+        for observer in self._released:
+            observer(criterion, 0 if head is None else head[0] + 1)
+        self._signal(criterion)
+
     async def _build(self, replica: Replica, plan: AppendPlan,
                      budget: int) -> tuple[AppendItem, AppendPlan] | None:
         criterion = replica.criterion
@@ -1346,12 +1408,18 @@ class Replicator:
             for member in decision.members:
                 replica.drop_learner(member.key)
             return
+        retired: tuple[Member, ...] = ()
+        farewell: Retire | None = None
         async with self.chains.lock(criterion):
             if not replica.is_leader or replica.state.configs != configs_seen:
                 return  # someone moved it meanwhile: decide again next time
             if change is Change.PRUNE:
+                retired = replica.retired_members()
                 if replica.prune_configs() is not None:
                     await self._save(replica)
+                    assert replica.config is not None
+                    farewell = Retire(((criterion, replica.term, replica.config,
+                                        replica.commit),))
             elif change is Change.PROPOSE:
                 assert decision.config is not None
                 new = attrs.evolve(decision.config,
@@ -1375,6 +1443,9 @@ class Replicator:
                                               {"c": criterion})
                     except KettenError:
                         pass
+        if farewell is not None:
+            for member in retired:
+                self._spawn(self._farewell, member, farewell)
         self._mark(replica)
         await self._advance(replica)
         self._signal(criterion)
@@ -1646,6 +1717,7 @@ class Replicator:
             self._reconfigs.pop(criterion, None)
             self.sets.forget(criterion)
             orphans = await self.chains.cut(criterion, keep + 1, [])
+            head = await self.chains.head_pos(criterion)
         self._events.info("reconfiguration_abandoned",
                           "%s: configuration %d of %s (made at seq %d) was abandoned; the chain "
                           "is committed beyond it in configuration %d: this node is no broker "
@@ -1653,6 +1725,8 @@ class Replicator:
                           pending.epoch, criterion.hex()[:16], pending.at, epoch, len(orphans),
                           criterion=criterion.hex(), epoch=pending.epoch, in_force=epoch,
                           dropped=len(orphans))
+        for observer in self._released:
+            observer(criterion, 0 if head is None else head[0] + 1)
         self._signal(criterion)
 
     async def _compare_genesis(self, peer: Peer, criterion: bytes) -> None:

@@ -35,7 +35,7 @@ _MESSAGE_TYPES: list[type] = [
     messages.Vote, messages.VoteReply, messages.CommitQuery, messages.CommitReply,
     messages.Fetch, messages.FetchReply, messages.Locate, messages.LocateReply,
     messages.Digest, messages.DigestReply, messages.Handover, messages.HandoverReply,
-    messages.CommitNotice, messages.Ping, messages.Pong,
+    messages.CommitNotice, messages.Retire, messages.Ping, messages.Pong,
 ]
 
 
