@@ -347,3 +347,31 @@ async def _retired(node: Node, key: bytes) -> bool:
 
 async def _gone_key(node: Node, key: bytes) -> bool:
     return await node.store.head(key) is None
+
+
+async def test_when_the_whole_replica_set_moves_every_old_broker_retires(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """Three closer nodes join: the chain moves to them whole. The brokers left out
+    are told to retire, and the old leader, which hands the chain over, retires by
+    itself (nobody else would tell it)."""
+    async with open_cluster(4, seed=0, hysteresis=4.0) as c:
+        ids = {i: int.from_bytes(c.identity(i).node_id, "big") for i in (0, 1, 2, 3, 9, 10, 11)}
+        key = next(k for k in (criterion_key(f"whole-{n}") for n in range(10_000))
+                   if set(sorted(ids, key=lambda i: ids[i] ^ int.from_bytes(k, "big"))[:3])
+                   == {9, 10, 11})
+        events = [await c.nodes[i % 4].publish(key, b"%d" % i, command=i) for i in range(12)]
+        before = c.brokers(key)
+        (leader,) = [i for i in before if c.nodes[i].replication_statistics().chains_led]
+        for index in (9, 10, 11):
+            await c.start(index)
+        await c.moved(key)
+        assert sorted(c.brokers(key)) == [9, 10, 11]
+        assert await c.settle(key) == events
+        for index in before:
+            await _until(lambda index=index: _retired(c.nodes[index], key),  # type: ignore[misc]
+                         f"broker {index} retired (the leader was {leader})")
+            assert await c.nodes[index].configuration(key) is not None  # it still finds it
+        events.append(await c.nodes[leader].publish(key, b"after the move"))
+        assert await c.settle(key) == events
+        for index in before:
+            assert await c.nodes[index].read(key) == events

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from ketten import criterion_key
@@ -160,3 +161,29 @@ def test_the_answer_to_an_earlier_request_is_not_counted() -> None:
     assert isinstance(step, Ask)
     # The grant above was a pre-vote; the real vote needs its own.
     assert rs[0].votes == {KEYS[0]} and not rs[0].elected()
+
+
+def test_a_retired_broker_votes_only_for_a_newer_configuration() -> None:
+    """Told that configuration 3 left it out, a broker refuses every candidate of
+    configuration 3 or older (its vote could only help a replaced one win), whatever
+    the candidate's log; a candidate of a newer configuration that names it may win
+    its vote again."""
+    old = ChainConfig(2, MEMBERS, (), -1, 0)
+    voter = Replica(KEY, KEYS[2], ChainState(term=4, voted_for=KEYS[0], retired=3), None)
+    for pre in (True, False):
+        assert not voter.on_vote(KEYS[1], 5, pre, (9, 99, 2), 100.0, proposed=old).granted
+        assert not voter.on_vote(KEYS[1], 5, pre, (9, 99, 3), 100.0,
+                                 proposed=ChainConfig(3, MEMBERS, (), -1, 0)).granted
+        assert not voter.on_vote(KEYS[1], 5, pre, (9, 99, 2), 100.0).granted
+    newer = ChainConfig(4, MEMBERS, (), 50, 4)
+    assert voter.on_vote(KEYS[1], 5, True, (9, 99, 4), 100.0, proposed=newer).granted
+    assert voter.on_vote(KEYS[1], 5, False, (9, 99, 4), 100.0, proposed=newer).granted
+
+
+def test_the_retired_epoch_is_kept_and_older_states_read_the_same() -> None:
+    state = ChainState(term=4, voted_for=KEYS[0], retired=3)
+    assert ChainState.decode(state.encode()) == state
+    plain = ChainState(term=4, voted_for=KEYS[0], configs=(CONFIG,), commit=(7, b"h" * 32))
+    assert len(plain.encode()) < len(attrs.evolve(plain, retired=3).encode())
+    assert ChainState.decode(plain.encode()) == plain
+    assert ChainState.decode(plain.encode()).retired == 0

@@ -220,3 +220,17 @@ def test_fault_simulation(seed: int, family: str, overlay: str, plugins) -> None
         f"{family}/{overlay} seed {seed} failed; replay: python -m ketten.testing.jepsen "
         f"--seeds {seed} --family {family} --overlay {overlay} --verbose\n"
         + "\n".join(c.problems[:20]))
+
+
+@pytest.mark.sim
+@pytest.mark.parametrize(("family", "overlay", "seed"), [
+    ("partitions", "gosskip", 552), ("churn", "ipfs", 553), ("partitions", "ipfs", 554)])
+def test_a_retired_broker_never_votes_for_a_replaced_configuration(
+        family: str, overlay: str, seed: int, plugins) -> None:
+    """Seeds that lost acknowledged events while a retired broker, which had given up
+    its replication state, still voted: a stale leader of a replaced configuration
+    won its vote and cut the committed chain back."""
+    result = run_simulation(SimConfig(seed=seed, family=family, overlay=overlay),
+                            plugins=plugins)
+    assert result.retirements > 0
+    assert result.ok, "\n".join(result.check.problems[:20])

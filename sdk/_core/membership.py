@@ -184,7 +184,9 @@ class ChainState:
     brought in line with (its chain is a prefix of that leader's chain).
     ``configs``: the last committed configuration, then any newer one not
     known to be committed yet; the last one is in force. ``commit``: the
-    highest position this broker knows to be committed.
+    highest position this broker knows to be committed. ``retired``: the epoch
+    of a committed configuration that left this broker out, once it was told so
+    (0: never); it votes for no candidate of that configuration or an older one.
     """
 
     term: int = 0
@@ -192,6 +194,7 @@ class ChainState:
     log_term: int = 0
     configs: tuple[ChainConfig, ...] = attrs.field(default=(), converter=_configs)
     commit: Pos | None = None
+    retired: int = 0
 
     @property
     def config(self) -> ChainConfig | None:
@@ -204,19 +207,21 @@ class ChainState:
         return 0 if config is None else config.epoch
 
     def encode(self) -> bytes:
-        return codec.dumps([
-            STATE_VERSION, self.term, self.voted_for, self.log_term,
-            [c.encode() for c in self.configs], encode_pos(self.commit),
-        ])
+        fields = [STATE_VERSION, self.term, self.voted_for, self.log_term,
+                  [c.encode() for c in self.configs], encode_pos(self.commit)]
+        if self.retired:
+            fields.append(self.retired)  # a seventh field, so older states read the same
+        return codec.dumps(fields)
 
     @classmethod
     def decode(cls, data: bytes, *, where: str = "chain state") -> ChainState:
         """Raises :class:`~ketten.errors.DecodeError` naming what is wrong."""
         value = codec.loads(data, max_size=1 << 16, where=where)
-        if type(value) is not list or len(value) != 6 or value[0] != STATE_VERSION:
+        if type(value) is not list or len(value) not in (6, 7) or value[0] != STATE_VERSION:
             raise DecodeError("not a chain state of a known version", where=where)
-        _, term, voted_for, log_term, configs, commit = value
-        for name, number in (("term", term), ("log term", log_term)):
+        _, term, voted_for, log_term, configs, commit = value[:6]
+        retired = value[6] if len(value) == 7 else 0
+        for name, number in (("term", term), ("log term", log_term), ("retired epoch", retired)):
             if type(number) is not int or not 0 <= number <= codec.MAX_UINT:
                 raise DecodeError(f"bad {name}", where=where)
         if voted_for is not None and (type(voted_for) is not bytes or len(voted_for) != 32):
@@ -226,4 +231,4 @@ class ChainState:
         decoded = tuple(ChainConfig.decode(c, where=where) for c in configs)
         if any(b.epoch <= a.epoch for a, b in zip(decoded, decoded[1:], strict=False)):
             raise DecodeError("configuration epochs must grow", where=where)
-        return cls(term, voted_for, log_term, decoded, decode_pos(commit, where=where))
+        return cls(term, voted_for, log_term, decoded, decode_pos(commit, where=where), retired)

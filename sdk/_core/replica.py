@@ -453,6 +453,11 @@ class Replica:
             proposed is not None and proposed.is_voter(sender))
         if not known:
             return VoteAnswer(False, st.term)
+        # A retired broker's vote would only ever help a configuration that the one
+        # that left it out replaced: refused, whatever the candidate's log (its own
+        # may be gone).
+        if st.retired and (proposed is None or proposed.epoch <= st.retired):
+            return VoteAnswer(False, st.term)
         # A candidate must also hold every event this broker knows to be committed.
         # A legitimate one always does (its log is at least as long as any commit
         # it could have missed); one that does not is possible only after a store

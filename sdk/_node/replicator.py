@@ -1293,23 +1293,39 @@ class Replicator:
             if (commit is not None and commit[0] > keep
                     and await self.chains.hash_at(criterion, commit[0]) == commit[1]):
                 keep = commit[0]  # the hash chain makes everything up to it committed
-            self._replicas.pop(criterion, None)
-            state = ChainState(term=replica.state.term, voted_for=replica.state.voted_for)
-            await self.chains.save_state(criterion, state)
-            self._index(criterion, state)
-            self._dirty_states.pop(criterion, None)
-            self._reconfigs.pop(criterion, None)
-            self.sets.forget(criterion)
-            orphans = await self.chains.cut(criterion, keep + 1, [])
-            head = await self.chains.head_pos(criterion)
+            held, dropped = await self._release(replica, keep, retired=config.epoch)
+        self._retired(criterion, config.epoch, held, dropped)
+
+    async def _release(self, replica: Replica, keep: int, *, retired: int = 0) -> tuple[int, int]:
+        """Give up the replication state of ``replica``'s chain (the term and vote are
+        kept, and ``retired``: see :attr:`ChainState.retired`) and the events after seq
+        ``keep``; what stays is a reader's copy. The caller holds the chain's lock.
+        Returns the events kept and those cut off."""
+        criterion = replica.criterion
+        self._replicas.pop(criterion, None)
+        state = ChainState(term=replica.state.term, voted_for=replica.state.voted_for,
+                           retired=max(retired, replica.state.retired))
+        await self.chains.save_state(criterion, state)
+        self._index(criterion, state)
+        self._dirty_states.pop(criterion, None)
+        self._reconfigs.pop(criterion, None)
+        self.sets.forget(criterion)
+        orphans = await self.chains.cut(criterion, keep + 1, [])
+        head = await self.chains.head_pos(criterion)
+        return 0 if head is None else head[0] + 1, len(orphans)
+
+    def _retired(self, criterion: bytes, epoch: int, held: int, dropped: int) -> None:
         self._counts["retirements"] += 1
         self._events.info("retired", "%s: chain %s moved to configuration %d without this "
                           "node; it keeps %d committed events as a reader's copy (%d "
                           "uncommitted dropped)", self.own().address, criterion.hex()[:16],
-                          config.epoch, keep + 1, len(orphans), criterion=criterion.hex(),
-                          epoch=config.epoch, kept=keep + 1, dropped=len(orphans))
+                          epoch, held, dropped, criterion=criterion.hex(), epoch=epoch,
+                          kept=held, dropped=dropped)
+        self._copy_released(criterion, held)
+
+    def _copy_released(self, criterion: bytes, held: int) -> None:
         for observer in self._released:
-            observer(criterion, 0 if head is None else head[0] + 1)
+            observer(criterion, held)
         self._signal(criterion)
 
     async def _build(self, replica: Replica, plan: AppendPlan,
@@ -1410,6 +1426,7 @@ class Replicator:
             return
         retired: tuple[Member, ...] = ()
         farewell: Retire | None = None
+        handed_over: tuple[int, int] | None = None
         async with self.chains.lock(criterion):
             if not replica.is_leader or replica.state.configs != configs_seen:
                 return  # someone moved it meanwhile: decide again next time
@@ -1443,6 +1460,15 @@ class Replicator:
                                               {"c": criterion})
                     except KettenError:
                         pass
+                # The configuration in force is committed and leaves this node out:
+                # it retires at once (nobody else would tell it to).
+                assert replica.config is not None
+                epoch = replica.config.epoch
+                keep = -1 if replica.commit is None else replica.commit[0]
+                handed_over = await self._release(replica, keep, retired=epoch)
+        if handed_over is not None:
+            self._retired(criterion, epoch, *handed_over)
+            return
         if farewell is not None:
             for member in retired:
                 self._spawn(self._farewell, member, farewell)
@@ -1710,24 +1736,15 @@ class Replicator:
                 return
             keep = -1 if replica.commit is None else replica.commit[0]
             pending = replica.state.configs[1]
-            self._replicas.pop(criterion, None)
-            state = ChainState(term=replica.state.term, voted_for=replica.state.voted_for)
-            await self.chains.save_state(criterion, state)
-            self._index(criterion, state)
-            self._reconfigs.pop(criterion, None)
-            self.sets.forget(criterion)
-            orphans = await self.chains.cut(criterion, keep + 1, [])
-            head = await self.chains.head_pos(criterion)
+            held, dropped = await self._release(replica, keep)
         self._events.info("reconfiguration_abandoned",
                           "%s: configuration %d of %s (made at seq %d) was abandoned; the chain "
                           "is committed beyond it in configuration %d: this node is no broker "
                           "of it (%d uncommitted events dropped)", self.own().address,
-                          pending.epoch, criterion.hex()[:16], pending.at, epoch, len(orphans),
+                          pending.epoch, criterion.hex()[:16], pending.at, epoch, dropped,
                           criterion=criterion.hex(), epoch=pending.epoch, in_force=epoch,
-                          dropped=len(orphans))
-        for observer in self._released:
-            observer(criterion, 0 if head is None else head[0] + 1)
-        self._signal(criterion)
+                          dropped=dropped)
+        self._copy_released(criterion, held)
 
     async def _compare_genesis(self, peer: Peer, criterion: bytes) -> None:
         """``peer`` knows ``criterion`` in another epoch: if that chain is another

@@ -109,6 +109,8 @@ class SimResult:
     network: object
     copies_dropped: int = 0
     """Reader copies the nodes dropped to stay within ``copies_events``."""
+    retirements: int = 0
+    """Chains nodes stopped replicating when a move left them out (and they heard)."""
 
     @property
     def ok(self) -> bool:
@@ -154,6 +156,8 @@ class _Simulation:
     backings: dict[int, Any] = attrs.field(factory=dict)
     _scopes: dict[int, trio.CancelScope] = attrs.field(factory=dict)
     _live: dict[int, Node] = attrs.field(factory=dict)
+    retirements: int = 0
+    """Chains nodes stopped replicating when told to retire (over every run of each)."""
     _outbox: dict[int, _Outbox | None] = attrs.field(factory=dict)
     _invoked: int = 0
     _inflight: int = 0
@@ -213,7 +217,10 @@ class _Simulation:
                 async with open_node(self.node_config(index), plugins=self.plugins) as node:
                     self._live[index] = node
                     task_status.started()
-                    await trio.sleep_forever()
+                    try:
+                        await trio.sleep_forever()
+                    finally:
+                        self.retirements += node.replication_statistics().retirements
             finally:
                 self._live.pop(index, None)
                 if self._scopes.get(index) is scope:
@@ -634,4 +641,4 @@ def run_simulation(config: SimConfig, *, plugins: pluggy.PluginManager | None = 
                if index < 0}
     result = check(sim.history, snapshot, keys=keys, authors=authors, settle=config.settle)
     return SimResult(config, sim.history, snapshot, result, duration,
-                     sim.network.statistics(), observer.dropped)
+                     sim.network.statistics(), observer.dropped, sim.retirements)

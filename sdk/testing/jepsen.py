@@ -76,7 +76,7 @@ def run_one(config: SimConfig) -> Outcome:
             f"{'ok' if c.ok else 'FAILED'}  invoked {c.invoked}, acknowledged "
             f"{c.acknowledged}, failed {c.failed}, unknown {c.indeterminate}, reads {c.reads}, "
             f"events {c.events}, faults {len(result.history.faults)}, copies dropped "
-            f"{result.copies_dropped}, converged after "
+            f"{result.copies_dropped}, retired {result.retirements}, converged after "
             f"{result.snapshot.converged_after} s, virtual {result.duration:.0f} s, "
             f"cpu {spent:.1f} s")
     return Outcome(config, c.ok, line, c.problems, spent)
