@@ -375,3 +375,25 @@ async def test_when_the_whole_replica_set_moves_every_old_broker_retires(
         assert await c.settle(key) == events
         for index in before:
             assert await c.nodes[index].read(key) == events
+
+
+async def test_a_broker_that_missed_its_retire_message_is_told_again_by_digest(
+        autojump_clock: trio.testing.MockClock) -> None:
+    """A broker that was down while the chain moved without it comes back believing
+    it is a member; the leader answers its next digest with a retire message."""
+    async with open_cluster(4, seed=33, hysteresis=4.0, evict_after=3.0) as c:
+        newcomer = c.identity(9)
+        key = newcomer.node_id
+        events = [await c.nodes[i % 4].publish(key, b"%d" % i, command=i) for i in range(10)]
+        before = c.brokers(key)
+        await c.start(9)
+        stays = c.brokers(key)
+        (former,) = [i for i in before if i not in stays]
+        await c.stop(former)
+        await c.moved(key)
+        assert await c.settle(key) == events
+        await trio.sleep(30)  # the move is committed: its retire message went nowhere
+        node = await c.start(former)
+        assert node.replication_statistics().retirements == 0
+        await _until(lambda: _retired(node, key), "the returning broker retired")
+        assert await node.read(key) == events

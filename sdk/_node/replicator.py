@@ -1656,9 +1656,34 @@ class Replicator:
         shared = self._shared().get(peer.public_key, [])
         if not request.wanted:
             return DigestReply(await self._peer_buckets(peer.public_key, shared))
-        reply, behind = self._sync.answer_listing(request, shared, self._entry, self._elsewhere)
+        farewells: list[tuple[bytes, int, ChainConfig, Pos | None]] = []
+
+        def elsewhere(criterion: bytes) -> tuple[bytes, int, int] | None:
+            item = self._farewell_item(criterion, peer.public_key)
+            if item is not None and len(farewells) < MAX_BATCH:
+                farewells.append(item)
+            return self._elsewhere(criterion)
+
+        reply, behind = self._sync.answer_listing(request, shared, self._entry, elsewhere)
+        if farewells:
+            # A former member that missed its retire message still lists the chain.
+            self._spawn(self._farewell, Member(peer.public_key, peer.address),
+                        Retire(tuple(farewells)))
         await self._pull_ahead(peer, behind)
         return reply
+
+    def _farewell_item(self, criterion: bytes,
+                       key: bytes) -> tuple[bytes, int, ChainConfig, Pos | None] | None:
+        """What tells ``key`` to retire from ``criterion``, if this node leads it with a
+        committed configuration (the only one it holds) that leaves ``key`` out."""
+        replica = self._replicas.get(criterion)
+        if (replica is None or not replica.is_leader or len(replica.state.configs) != 1
+                or not replica.config_committed()):
+            return None
+        config = replica.config
+        if config is None or config.is_voter(key):
+            return None
+        return criterion, replica.term, config, replica.commit
 
     async def _digests(self) -> None:
         shared = self._shared()
