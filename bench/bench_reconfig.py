@@ -9,7 +9,11 @@ configuration commit. Figures, measured in the same run:
 * chains moved per second and bytes sent by all nodes per moved chain;
 * the raw catch-up rate: the newcomer copying one chain of ``--long``
   events as a learner, in events/s, beside the raw Ed25519 verify rate of
-  the same events (every copied event is verified before it is stored).
+  the same events (every copied event is verified before it is stored);
+* retirement: how long until every broker a move left out was told to
+  retire, and how many events the five old nodes still hold as reader
+  copies afterwards (the default ``copies_events`` keeps them all; the
+  figure is what the bound then governs).
 
     python bench/bench_reconfig.py [--chains 1000] [--events 20] [--long 20000]
 """
@@ -94,6 +98,10 @@ async def worker(index: int, base: Path, seeds: list[str]) -> None:
             elif line[0] == "bytes":
                 stats = node.statistics().transport
                 print("BYTES", stats.bytes_sent, flush=True)
+            elif line[0] == "retired":
+                copies = node.copy_statistics()
+                print("RETIRED", node.replication_statistics().retirements, copies.copies,
+                      copies.copy_events, flush=True)
             elif line[0] == "held":
                 wanted = [bytes.fromhex(h) for h in line[1:]]
                 own = node.identity.public_key
@@ -202,6 +210,14 @@ def main() -> None:
             long_time = wait_held(joiner, [long_key()], 600.0)
             moved_time = wait_held(joiner, wanted, 900.0)
             sent = sum(int(w.ask("bytes", "BYTES")[0]) for w in workers) - sent_before
+            retire_began = time.perf_counter()
+            while True:
+                told = [w.ask("retired", "RETIRED") for w in workers[:WORKERS]]
+                retired = sum(int(t[0]) for t in told)
+                if retired >= len(wanted) + 1 or time.perf_counter() - retire_began > 120:
+                    break
+                time.sleep(0.2)
+            retire_time = time.perf_counter() - retire_began
             verify = verify_rate()
             copied = args.long / max(long_time - 2.0, 1e-9)  # minus the hysteresis period
             print(f"  chains that moved to the newcomer     {len(wanted):10,}")
@@ -209,6 +225,10 @@ def main() -> None:
                   f"({len(wanted) / moved_time:,.0f} chains/s, hysteresis included)")
             print(f"  bytes sent by all nodes                {sent:10,}  "
                   f"({sent / max(len(wanted), 1):,.0f} per moved chain)")
+            print(f"  old brokers retired                   {retired:10,} of {len(wanted) + 1:,} "
+                  f"chains, {retire_time:.1f} s after the newcomer held them all")
+            print(f"  events they keep as reader copies     "
+                  f"{sum(int(t[2]) for t in told):10,} in {sum(int(t[1]) for t in told):,} copies")
             print(f"  catch-up of one {args.long:,}-event chain  {copied:10,.0f} events/s")
             print(f"  raw Ed25519 verify (baseline)         {verify:10,.0f} events/s  "
                   f"catch-up ratio {copied / verify:.2f}")
