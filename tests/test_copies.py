@@ -319,6 +319,9 @@ async def test_a_broker_the_chain_moved_away_from_keeps_it_only_as_a_reader_copy
         node = c.nodes[former]
         await _until(lambda: _retired(node, key), "the former broker retired")
         assert node.replication_statistics().retirements == 1
+        # Loaded for its term and vote alone (a peer's query does that), the retired
+        # state does not keep the copy.
+        assert (await node._replicator.replica(key)) is not None
         # 25 events are more than its copies may hold: the copy went.
         await _until(lambda: _gone_key(node, key), "the former broker's copy was dropped")
         assert node.copy_statistics().copy_events_dropped == 25

@@ -162,8 +162,8 @@ class Node:
         replicator.on_committed(self._feeds.committed)
         feeds = self._feeds
         self._copies = Copies(chains, CopyBudget(self._options.copies_events),
-                              lambda key: (replicator.holds(key) or replicator.loaded(key)
-                                           is not None or feeds.subscribed(key)))
+                              lambda key: (replicator.holds(key) or replicator.busy(key)
+                                           or feeds.subscribed(key)))
         replicator.on_released(self._copies.note)
         chains.on_appended(self._appended)
         chains.on_orphaned(self._orphaned)

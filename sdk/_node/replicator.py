@@ -312,6 +312,7 @@ class Replicator:
         self.rpc.serve_messages(Retire.SERVICE, self._take_retire)
         self.chains.on_appended(self._appended)
         self.chains.on_orphaned(self._orphaned)
+        self.chains.on_dropped(self._dropped)
 
     # -- facts -----------------------------------------------------------------
 
@@ -338,6 +339,15 @@ class Replicator:
 
     def loaded(self, criterion: bytes) -> Replica | None:
         return self._replicas.get(criterion)
+
+    def busy(self, criterion: bytes) -> bool:
+        """Is the chain being created or campaigned for here (a replica that may
+        have no configuration yet)? A replica loaded only for its term and vote (a
+        broker that retired, say) is not."""
+        replica = self._replicas.get(criterion)
+        return replica is not None and (
+            replica.config is not None or replica.role is not Role.FOLLOWER
+            or criterion in self._campaigns or criterion in self._creations)
 
     def holds(self, criterion: bytes) -> bool:
         """Does this node hold replication state of the chain (a member, or once one)?
@@ -633,6 +643,14 @@ class Replicator:
             replica = self._replicas.get(criterion)
             if replica is not None and (replica.head is None or replica.head[0] < event.seq):
                 replica.head = (event.seq, event.hash)
+
+    def _dropped(self, criterion: bytes) -> None:
+        # A reader's copy went (only a chain this node does not hold or work on):
+        # a replica loaded for its term and vote alone must not keep the old head.
+        replica = self._replicas.get(criterion)
+        if replica is not None and not self.busy(criterion):
+            del self._replicas[criterion]
+            self._activity += 1
 
     def _orphaned(self, criterion: bytes, orphans: Any, head: Any) -> None:
         self._counts["forks_resolved"] += 1
