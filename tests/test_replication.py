@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import attrs
 import pluggy
 import pytest
 import trio
@@ -673,3 +674,48 @@ async def test_operator_recovery_is_off_by_default(plugins, autojump_clock) -> N
         broker = c.brokers(key)[0]
         with pytest.raises(UsageError, match="allow_recovery"):
             await c.nodes[broker].recover(key, confirm="may lose acknowledged events")
+
+
+async def test_a_batch_never_holds_more_events_than_one_message_may_carry() -> None:
+    """Appends to a catching-up broker and fetch replies are cut by bytes and by the
+    event count a message may hold: small events used to fill a batch past it, the
+    receiver refused the message, and a chain longer than that could be neither
+    caught up by a new broker nor fetched by a reader."""
+    from ketten._core.messages import MAX_EVENTS, AppendItem
+    from ketten._node.local_chains import LocalChains
+    from ketten.plugins.memory_store import MemoryStore
+
+    author = Identity.from_seed(b"\x21" * 32)
+    key = criterion_key("many small events")
+    chain: list[Event] = []
+    for n in range(MAX_EVENTS + 500):
+        chain.append(Event.create(author, criterion=key, seq=n,
+                                  prev=chain[-1].hash if chain else None,
+                                  payload=b"%d" % n, time=n))
+    store = MemoryStore()
+    await store.open()
+    await store.append(chain)
+    chains = LocalChains(store, max_event_size=1 << 16)
+    raws, more = await chains.read_batch(key, 0, 1 << 20)
+    assert len(raws) == MAX_EVENTS and more
+    assert sum(map(len, raws)) < 1 << 20, "the count, not the bytes, ended this batch"
+    rest, more = await chains.read_batch(key, MAX_EVENTS, 1 << 20)
+    assert len(rest) == 500 and not more
+    config = ChainConfig(1, [Member(author.public_key, "n:0")])
+    item = AppendItem(key, 1, None, None, tuple(raws), None, (config,), None)
+    assert AppendItem.from_wire(item.to_wire()).events == tuple(raws)
+    with pytest.raises(ketten.DecodeError, match="at most"):  # what a longer batch met
+        AppendItem.from_wire(attrs.evolve(item, events=(*raws, *rest)).to_wire())
+
+
+@pytest.mark.slow
+async def test_a_chain_of_many_small_events_is_read_whole_by_a_node_without_a_copy(
+        autojump_clock) -> None:
+    async with open_cluster(4, seed=5) as c:
+        key = criterion_key("long")
+        brokers = c.brokers(key)
+        reader = next(i for i in c.nodes if i not in brokers)
+        for n in range(5000):
+            await c.nodes[brokers[0]].publish(key, b"%d" % n)
+        got = await c.nodes[reader].read(key, deadline=60.0)
+        assert [e.seq for e in got] == list(range(5000))

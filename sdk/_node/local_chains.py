@@ -20,6 +20,7 @@ import trio
 from .._core.chain import Verify, WriterPolicy, check_successor
 from .._core.event import Event
 from .._core.membership import ChainState, Pos
+from .._core.messages import MAX_EVENTS
 from ..errors import (
     BrokenLink,
     DecodeError,
@@ -269,7 +270,8 @@ class LocalChains:
     async def read_batch(self, criterion: bytes, start: int, budget: int,
                          stop: int | None = None) -> tuple[list[bytes], bool]:
         """Encoded events from ``start`` (to ``stop``, exclusive), at most ``budget`` bytes
-        but at least one event; and whether more follow."""
+        and :data:`~ketten._core.messages.MAX_EVENTS` events (what one message may
+        carry) but at least one event; and whether more follow."""
         out: list[bytes] = []
         used = 0
         seq = max(start, 0)
@@ -278,7 +280,7 @@ class LocalChains:
             page = await self.store.range(criterion, seq, end)
             for event in page:
                 raw = event.to_bytes()
-                if out and used + len(raw) > budget:
+                if out and (used + len(raw) > budget or len(out) >= MAX_EVENTS):
                     return out, True
                 out.append(raw)
                 used += len(raw)
