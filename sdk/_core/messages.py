@@ -424,8 +424,9 @@ class Retire:
     """One-way, the leader of ``term`` to a broker its chain no longer needs:
     ``config`` is committed (the configurations before it are pruned) and does not
     name the receiver, and ``commit`` is committed. The receiver gives up its
-    replication state and keeps its copy as a reader's copy. A lost one leaves
-    the receiver a former member that keeps its copy, as before."""
+    replication state and keeps its copy as a reader's copy. Sent when the
+    leader prunes the configurations before ``config``, and again in answer to
+    a digest of the receiver's that still lists the chain (one lost is told again)."""
 
     SERVICE: ClassVar[str] = "retire"
 

@@ -1283,7 +1283,7 @@ class Replicator:
 
     async def _farewell(self, member: Member, message: Retire) -> None:
         """Tell a broker a committed configuration left out to retire (one try: one
-        that does not hear it stays a former member that keeps its copy)."""
+        that does not hear it is told again when its next digest lists the chain)."""
         with trio.move_on_after(self.options.request_timeout):
             try:
                 await self.rpc.notify(self.sets.address(member), Retire.SERVICE,
