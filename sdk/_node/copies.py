@@ -70,17 +70,14 @@ class Copies:
         for event in events:
             last[event.criterion] = event
         for criterion, event in last.items():
-            self._note(criterion, event.seq + 1)
+            self.note(criterion, event.seq + 1)
 
     def _orphaned(self, criterion: bytes, orphans: Sequence[Event], head: Event | None) -> None:
-        self._note(criterion, 0 if head is None else head.seq + 1)
+        self.note(criterion, 0 if head is None else head.seq + 1)
 
     def note(self, criterion: bytes, events: int) -> None:
-        """``criterion`` may have become a reader's copy of ``events`` events without an
-        append (this node stopped replicating it)."""
-        self._note(criterion, events)
-
-    def _note(self, criterion: bytes, events: int) -> None:
+        """``criterion`` holds ``events`` events here; count it if it is a reader's copy
+        (also one that became so without an append: this node stopped replicating it)."""
         if events == 0 or self.chains.replicated(criterion):
             self.budget.forget(criterion)
         elif self.budget.note(criterion, events):
@@ -104,7 +101,7 @@ class Copies:
         """Learn the copies and pins in the store (at start)."""
         self._pins = pins_of(await self.chains.store.cursors(PIN_PREFIX))
         for criterion, (seq, _) in sorted((await self.chains.store.heads()).items()):
-            self._note(criterion, seq + 1)
+            self.note(criterion, seq + 1)
 
     async def pin(self, criterion: bytes, pinned: bool = True) -> None:
         """Keep (or stop keeping) the copy of ``criterion`` whatever the budget says."""
