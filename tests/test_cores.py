@@ -49,8 +49,8 @@ from ketten._core.publish import (
     settled_answer,
 )
 from ketten._core.read import ReadAttempt, ReadStep
-from ketten._core.reconfig import Change, Reconfiguration
-from ketten._core.replica import Replica, Role
+from ketten._core.reconfig import Change, Decision, Reconfiguration
+from ketten._core.replica import Move, Replica, Role
 
 KEY = criterion_key("cores")
 AUTHOR = Identity.from_seed(b"\x11" * 32)
@@ -398,6 +398,68 @@ def test_a_leader_that_left_hands_over_and_slow_learners_are_given_up() -> None:
     assert step(slow, 23.0, (FIRST,), desired, learners={KEYS[5]}).change is Change.FORGET
 
 
+def _synced(replica: Replica, *keys: bytes) -> None:
+    """The members ``keys`` hold the leader's chain, up to its head, in its epoch."""
+    assert replica.head is not None
+    for key in keys:
+        p = replica.progress[key]
+        p.synced, p.match, p.epoch = True, replica.head[0], replica.state.epoch
+
+
+def test_a_leader_carries_a_move_through_learners_joint_and_final_then_retires_the_rest(
+) -> None:
+    leader = Replica(KEY, KEYS[0], ChainState(term=2, configs=(FIRST,), commit=(9, b"h" * 32)),
+                     (9, b"h" * 32))
+    leader.become_leader(0.0)
+    _synced(leader, KEYS[1], KEYS[2])
+    plan = Reconfiguration(KEYS[0], hysteresis=5.0)
+    desired = [MEMBERS[0], MEMBERS[4], MEMBERS[5]]
+    assert leader.carry_out(leader.next_move(plan, 0.0, desired)).persist is None
+    learn = leader.carry_out(leader.next_move(plan, 6.0, desired))
+    assert {m.key for m in learn.learners} == {KEYS[4], KEYS[5]} and learn.replicate
+    assert learn.persist is None and leader.progress[KEYS[4]].learner
+    assert leader.next_move(plan, 7.0, desired).change is Change.NOTHING, "not caught up"
+    _synced(leader, KEYS[4], KEYS[5])
+    joint = leader.carry_out(leader.next_move(plan, 8.0, desired))
+    assert joint.proposed is not None and joint.proposed.joint
+    assert joint.persist is not None and joint.persist.configs == (FIRST, joint.proposed)
+    assert joint.proposed.at == 9 and joint.proposed.term == 2, "made at the head, in this term"
+    assert not leader.progress[KEYS[4]].learner, "a voter of the joint configuration now"
+    _synced(leader, KEYS[1], KEYS[2], KEYS[4], KEYS[5])
+    pruned = leader.carry_out(leader.next_move(plan, 9.0, desired))
+    assert pruned.persist is not None and pruned.persist.configs == (joint.proposed,)
+    assert pruned.retire == (), "the joint configuration still names every old voter"
+    final = leader.carry_out(leader.next_move(plan, 10.0, desired))
+    assert final.proposed is not None and not final.proposed.joint
+    _synced(leader, KEYS[4], KEYS[5])
+    done = leader.carry_out(leader.next_move(plan, 11.0, desired))
+    assert {m.key for m in done.retire} == {KEYS[1], KEYS[2]}
+    assert set(leader.progress) == {KEYS[4], KEYS[5]}
+    assert leader.next_move(plan, 12.0, desired).change is Change.NOTHING
+    follower = Replica(KEY, KEYS[1], ChainState(term=2, configs=(FIRST,)), None)
+    assert follower.next_move(plan, 12.0, desired).change is Change.NOTHING, "only leaders move"
+
+
+def test_a_leader_the_configuration_left_out_hands_over_and_retires() -> None:
+    final = ChainConfig(3, MEMBERS[3:6], at=9, term=2)
+    leader = Replica(KEY, KEYS[0], ChainState(term=2, configs=(final,), commit=(9, b"h" * 32)),
+                     (12, b"t" * 32))
+    leader.become_leader(0.0)
+    _synced(leader, KEYS[4], KEYS[5])
+    move = leader.carry_out(leader.next_move(Reconfiguration(KEYS[0]), 0.0, MEMBERS[3:6]))
+    assert move.hand_over is not None and move.hand_over.key == KEYS[4], "a caught-up voter"
+    assert move.release == (9, 3), "keeps what is committed; retired from epoch 3"
+    assert not leader.is_leader and not move.replicate and move.persist is None
+
+
+def test_a_move_decided_before_the_leader_stepped_down_is_not_carried_out() -> None:
+    leader = Replica(KEY, KEYS[0], ChainState(term=2, configs=(FIRST,)), (9, b"h" * 32))
+    leader.become_leader(0.0)
+    decision = Decision(Change.LEARN, members=(MEMBERS[4],))
+    leader.resign()
+    assert leader.carry_out(decision) == Move() and KEYS[4] not in leader.progress
+
+
 def test_the_leader_names_the_brokers_a_pruned_configuration_leaves_out() -> None:
     joint = ChainConfig(2, [MEMBERS[0], MEMBERS[4], MEMBERS[5]], MEMBERS[:3], at=9, term=2)
     final = ChainConfig(3, [MEMBERS[0], MEMBERS[4], MEMBERS[5]], at=9, term=2)
@@ -453,6 +515,31 @@ def test_a_retire_message_is_refused_whole_when_any_item_is_malformed() -> None:
 
 
 # -- a subscription's receiving end -------------------------------------------------
+
+
+def test_a_causal_feed_asks_for_reports_when_behind_and_at_most_every_second_while_holding(
+) -> None:
+    feed = FeedState((KEY,), {KEY: 0})
+    assert not feed.ask_round(0.0, behind=False, holding=False), "nothing to wait for"
+    assert feed.ask_round(0.0, behind=False, holding=True)
+    assert not feed.ask_round(0.5, behind=False, holding=True), "asked half a second ago"
+    assert feed.ask_round(0.6, behind=True, holding=True), "events wait: ask at once"
+    assert feed.ask_round(1.6, behind=False, holding=True)
+
+
+def test_a_causal_feed_takes_a_head_only_from_a_report_of_the_round_it_asked_for() -> None:
+    feed = FeedState((KEY,), {KEY: 0})
+    feed.note_commit(KEY, KEYS[1], (4, b"h" * 32))  # a notification, in no round
+    round_ = feed.begin_round()
+    assert not feed.head_known(KEY, round_, 4), "no broker answered this round"
+    assert not feed.head_known(KEY, None, 4)
+    feed.note_commit(KEY, KEYS[1], (4, b"h" * 32), round_)
+    assert feed.head_known(KEY, round_, 4)
+    assert not feed.head_known(KEY, round_, None), "a chain with commits is not empty"
+    empty = FeedState((KEY,), {KEY: 0})
+    round_ = empty.begin_round()
+    empty.note_commit(KEY, KEYS[2], None, round_)
+    assert empty.head_known(KEY, round_, None), "a broker said nothing is committed"
 
 
 def test_a_feed_confirms_only_what_a_broker_reported_committed_on_the_local_chain() -> None:

@@ -62,6 +62,7 @@ class FeedState:
     _round: int = attrs.field(default=0, init=False)
     _reported: dict[bytes, int] = attrs.field(factory=dict, init=False)
     """Per criterion, the latest round a report came from."""
+    _asked: float = attrs.field(default=float("-inf"), init=False)
 
     def __attrs_post_init__(self) -> None:
         self._next = {key: self.start.get(key, 0) for key in self.keys}
@@ -148,6 +149,23 @@ class FeedState:
         if known is None or pos[0] >= known[0]:
             reports[broker] = pos
         self._look.add(key)
+
+    def ask_round(self, now: float, *, behind: bool, holding: bool,
+                  every: float = 1.0) -> bool:
+        """Should a causal delivery ask the brokers for a round of reports now? When
+        committed events wait to be offered (``behind``), and at most every ``every``
+        seconds while the delivery plugin holds events back."""
+        if not behind and not (holding and now - self._asked >= every):
+            return False
+        self._asked = now
+        return True
+
+    def head_known(self, key: bytes, round_: int | None, confirmed: int | None) -> bool:
+        """May a causal delivery take ``confirmed`` (``None``: nothing confirmed) as
+        ``key``'s head? Only when a broker reported in round ``round_`` and either a
+        commit is confirmed here or the chain is known to be empty."""
+        return (round_ is not None and self.reported_in(key, round_)
+                and (confirmed is not None or self.known_empty(key)))
 
     def known_empty(self, key: bytes) -> bool:
         """Did a broker say the chain has nothing committed, and none that it has?

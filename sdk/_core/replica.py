@@ -39,12 +39,14 @@ import attrs
 
 from .event import Event
 from .membership import ChainConfig, ChainState, Member, Pos
+from .reconfig import Change, Decision, Reconfiguration
 
 __all__ = [
     "AckStatus",
     "AppendAckData",
     "AppendOutcome",
     "AppendPlan",
+    "Move",
     "Progress",
     "Replica",
     "Role",
@@ -109,6 +111,29 @@ class VoteAnswer:
     """Refused only because the candidate's log is behind ours while no leader is
     active: this broker should stand itself, or the chain stays leaderless until
     someone urges the one broker that can win."""
+
+
+@attrs.frozen
+class Move:
+    """What is left to the driver once a leader carried out a reconfiguration
+    :class:`~ketten._core.reconfig.Decision` (:meth:`Replica.carry_out`)."""
+
+    persist: ChainState | None = None
+    """State to save before anything else is sent."""
+    learners: tuple[Member, ...] = ()
+    """Members now replicated to as learners (their addresses are needed)."""
+    proposed: ChainConfig | None = None
+    """The configuration made now (to report)."""
+    retire: tuple[Member, ...] = ()
+    """Brokers the pruned configurations named and the one in force does not: tell
+    each to retire."""
+    hand_over: Member | None = None
+    """This leader left the configuration in force: ask this member to stand."""
+    release: tuple[int, int] | None = None
+    """``(keep, epoch)``: this broker retires from the chain (configuration ``epoch``
+    leaves it out), keeping the events up to seq ``keep`` as a reader's copy."""
+    replicate: bool = False
+    """The members are owed appends (new learners, a new or pruned configuration)."""
 
 
 @attrs.frozen
@@ -798,6 +823,52 @@ class Replica:
             if key not in keep and not self.progress[key].learner:
                 del self.progress[key]
         return state
+
+    def next_move(self, plan: Reconfiguration, now: float,
+                  desired: Sequence[Member]) -> Decision:
+        """The next step of moving the chain to ``desired`` (the members the overlay
+        names now), as ``plan`` sees it; only a leader holding a configuration moves."""
+        config = self.config
+        if self.role is not Role.LEADER or config is None:
+            return Decision(Change.NOTHING)
+        commit_seq = -1 if self.commit is None else self.commit[0]
+        return plan.step(
+            now, configs=self.state.configs, committed=self.config_committed(),
+            desired=desired,
+            ready={k for k, p in self.progress.items() if p.synced and p.match >= commit_seq},
+            head_seq=-1 if self.head is None else self.head[0], term=self.term,
+            learners={k for k, p in self.progress.items() if p.learner})
+
+    def carry_out(self, decision: Decision) -> Move:
+        """Carry out ``decision`` as leader (the driver holds the chain's lock and
+        checked that the configurations did not change since it was made)."""
+        change = decision.change
+        if self.role is not Role.LEADER or self.config is None or change is Change.NOTHING:
+            return Move()
+        if change is Change.LEARN:
+            for member in decision.members:
+                self.add_learner(member.key)
+            return Move(learners=decision.members, replicate=True)
+        if change is Change.FORGET:
+            for member in decision.members:
+                self.drop_learner(member.key)
+            return Move()
+        if change is Change.PRUNE:
+            retire = self.retired_members()
+            state = self.prune_configs()
+            return Move(persist=state, retire=retire if state is not None else (),
+                        replicate=True)
+        if change is Change.PROPOSE:
+            assert decision.config is not None
+            new = attrs.evolve(decision.config, at=-1 if self.head is None else self.head[0],
+                               term=self.term)
+            return Move(persist=self.propose_config(new), proposed=new, replicate=True)
+        # HAND_OVER: the configuration in force is committed and leaves this node
+        # out; it retires at once (nobody else would tell it to).
+        epoch = self.config.epoch
+        self.resign()
+        return Move(hand_over=decision.members[0] if decision.members else None,
+                    release=(-1 if self.commit is None else self.commit[0], epoch))
 
     def begin_round(self) -> int:
         """Start a barrier round (a read confirms leadership with it)."""

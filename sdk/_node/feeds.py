@@ -510,7 +510,6 @@ class Feed:
     _drop: bool = attrs.field(default=False, init=False)
     """Skip the oldest waiting events when more wait than the buffer holds."""
     _blocked: HoldbackFull | None = attrs.field(default=None, init=False)
-    _asked: float = attrs.field(default=float("-inf"), init=False)
     """When this feed last asked every broker for commits before releasing events."""
     _renewal: Renewal = attrs.field(init=False)
     _causal: bool = attrs.field(default=False, init=False)
@@ -699,14 +698,13 @@ class Feed:
         behind = False
         for key in keys:
             behind = await self._advance(key, offer=False) or behind
-        now = trio.current_time()
-        if not behind and not (self._holding() and now - self._asked >= 1.0):
+        if not self._state.ask_round(trio.current_time(), behind=behind,
+                                     holding=self._holding()):
             return
         # Causal order needs commits reported after the events it releases were
         # here: one of them may depend on an event no earlier report covered. So
         # offer only what is here now, after a round of reports asked for now; a
         # chain whose brokers do not answer counts as possibly holding more.
-        self._asked = now
         chains = self.feeds.chains
         limits = {}
         for key in self.keys:
@@ -779,8 +777,7 @@ class Feed:
         first = self._state.next_seq(key)  # a skip may release held events past it
         if window.last >= first:
             out.extend(await self._offer_range(key, first, window.last))
-        if (self._causal and round_ is not None and self._state.reported_in(key, round_)
-                and (confirmed is not None or self._state.known_empty(key))):
+        if self._causal and self._state.head_known(key, round_, confirmed):
             try:
                 out.extend(self.delivery.note_head(key, confirmed))
             except HoldbackFull as exc:

@@ -1411,88 +1411,56 @@ class Replicator:
     # -- moving chains ----------------------------------------------------------------
 
     async def _reconfigure(self, replica: Replica) -> None:
+        """Carry out the next step of moving ``replica``'s chain (see
+        :meth:`Replica.next_move` and :meth:`Replica.carry_out`)."""
         criterion = replica.criterion
-        config = replica.config
-        if not replica.is_leader or config is None:
+        reconfig = self._reconfigs.get(criterion) or self._reconfigs.setdefault(
+            criterion, Reconfiguration(self.own().key, self.options.hysteresis,
+                                       self.options.catch_up_limit))
+        decision = replica.next_move(reconfig, self._now(), self.sets.desired(criterion))
+        if decision.change is Change.NOTHING:
             return
-        reconfig = self._reconfigs.get(criterion)
-        if reconfig is None:
-            reconfig = self._reconfigs[criterion] = Reconfiguration(
-                self.own().key, self.options.hysteresis, self.options.catch_up_limit)
-        commit_seq = replica.commit[0] if replica.commit is not None else -1
-        ready = {k for k, p in replica.progress.items() if p.synced and p.match >= commit_seq}
-        learners = {k for k, p in replica.progress.items() if p.learner}
-        desired = self.sets.desired(criterion)
         configs_seen = replica.state.configs
-        decision = reconfig.step(
-            self._now(), configs=replica.state.configs, committed=replica.config_committed(),
-            desired=desired, ready=ready,
-            head_seq=-1 if replica.head is None else replica.head[0], term=replica.term,
-            learners=learners)
-        change = decision.change
-        if change is Change.NOTHING:
-            return
-        if change is Change.LEARN:
-            for member in decision.members:
-                self._learner_members[member.key] = member
-                replica.add_learner(member.key)
-            self._mark(replica)
-            return
-        if change is Change.FORGET:
-            for member in decision.members:
-                replica.drop_learner(member.key)
-            return
-        retired: tuple[Member, ...] = ()
-        farewell: Retire | None = None
-        handed_over: tuple[int, int] | None = None
+        released: tuple[int, int] | None = None
         async with self.chains.lock(criterion):
-            if not replica.is_leader or replica.state.configs != configs_seen:
+            if replica.state.configs != configs_seen:
                 return  # someone moved it meanwhile: decide again next time
-            if change is Change.PRUNE:
-                retired = replica.retired_members()
-                if replica.prune_configs() is not None:
-                    await self._save(replica)
-                    assert replica.config is not None
-                    farewell = Retire(((criterion, replica.term, replica.config,
-                                        replica.commit),))
-            elif change is Change.PROPOSE:
-                assert decision.config is not None
-                new = attrs.evolve(decision.config,
-                                   at=-1 if replica.head is None else replica.head[0],
-                                   term=replica.term)
-                replica.propose_config(new)
+            move = replica.carry_out(decision)
+            self._learner_members.update((m.key, m) for m in move.learners)
+            if move.persist is not None:
                 await self._save(replica)
-                self._counts["reconfigurations"] += 1
-                self._events.info("reconfiguration", "chain %s: configuration %d %s (voters %s)",
-                                  criterion.hex()[:16], new.epoch,
-                                  "joint" if new.joint else "in force",
-                                  ", ".join(m.address for m in new.voters),
-                                  criterion=criterion.hex(), epoch=new.epoch, joint=new.joint,
-                                  voters=[m.address for m in new.voters])
-            elif change is Change.HAND_OVER:
-                target = decision.members[0] if decision.members else None
-                replica.resign()
-                if target is not None:
-                    try:
-                        await self.rpc.notify(self.sets.address(target), "elect",
-                                              {"c": criterion})
-                    except KettenError:
-                        pass
-                # The configuration in force is committed and leaves this node out:
-                # it retires at once (nobody else would tell it to).
-                assert replica.config is not None
-                epoch = replica.config.epoch
-                keep = -1 if replica.commit is None else replica.commit[0]
-                handed_over = await self._release(replica, keep, retired=epoch)
-        if handed_over is not None:
-            self._retired(criterion, epoch, *handed_over)
-            return
-        if farewell is not None:
-            for member in retired:
+            if move.release is not None:
+                released = await self._release(replica, move.release[0],
+                                               retired=move.release[1])
+        if move.release is not None and released is not None:
+            self._retired(criterion, move.release[1], *released)
+        if move.hand_over is not None:
+            with trio.move_on_after(self.options.request_timeout):
+                try:
+                    await self.rpc.notify(self.sets.address(move.hand_over), "elect",
+                                          {"c": criterion})
+                except KettenError:
+                    pass
+        if move.proposed is not None:
+            self._moved(criterion, move.proposed)
+        if move.retire:
+            assert replica.config is not None
+            farewell = Retire(((criterion, replica.term, replica.config, replica.commit),))
+            for member in move.retire:
                 self._spawn(self._farewell, member, farewell)
-        self._mark(replica)
-        await self._advance(replica)
-        self._signal(criterion)
+        if move.replicate:
+            self._mark(replica)
+            await self._advance(replica)
+            self._signal(criterion)
+
+    def _moved(self, criterion: bytes, config: ChainConfig) -> None:
+        self._counts["reconfigurations"] += 1
+        self._events.info("reconfiguration", "chain %s: configuration %d %s (voters %s)",
+                          criterion.hex()[:16], config.epoch,
+                          "joint" if config.joint else "in force",
+                          ", ".join(m.address for m in config.voters),
+                          criterion=criterion.hex(), epoch=config.epoch, joint=config.joint,
+                          voters=[m.address for m in config.voters])
 
     # -- background ---------------------------------------------------------------------
 
