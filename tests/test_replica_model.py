@@ -495,6 +495,25 @@ def test_votes_are_given_once_per_term_and_only_to_the_up_to_date() -> None:
     assert voter.on_vote(KEYS[1], 6, True, (9, 9, 9), 200.0).granted
 
 
+def test_a_creation_of_a_known_chain_and_a_rival_chain_get_no_vote() -> None:
+    proposed = ChainConfig(1, MEMBERS[:3], (), -1, 0)
+    fresh = Replica(KEY, KEYS[2], ChainState(), None)
+    creating = (0, -1, 1)
+    refused = fresh.on_vote(KEYS[0], 1, False, creating, 0.0, proposed=proposed, exists=True)
+    assert not refused.granted and refused.state is None, "never a second history"
+    assert fresh.state.config is None and fresh.state.voted_for is None
+    granted = fresh.on_vote(KEYS[0], 1, False, creating, 0.0, proposed=proposed)
+    assert granted.granted and fresh.state.config == proposed
+    # Once it holds the configuration, knowing the chain exists is no reason to refuse.
+    again = Replica(KEY, KEYS[2], ChainState(term=1, configs=(proposed,)), None)
+    assert again.on_vote(KEYS[1], 2, False, creating, 0.0, exists=True).granted
+    # Another chain of the criterion is settled by the older genesis, never by a vote.
+    level = Replica(KEY, KEYS[2], ChainState(term=3, log_term=3, configs=(proposed,)),
+                    (5, b"h" * 32))
+    assert not level.on_vote(KEYS[0], 4, False, (9, 9, 9), 0.0, rival=True).granted
+    assert level.state.term == 3 and level.state.voted_for is None
+
+
 def test_a_voter_whose_store_lost_committed_events_never_elects_a_candidate_without_them(
 ) -> None:
     # The voter's store lost seqs 6..9 (a damaged file, refetched later), but its

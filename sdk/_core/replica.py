@@ -461,15 +461,22 @@ class Replica:
     # -- elections -----------------------------------------------------------
 
     def on_vote(self, sender: bytes, term: int, pre: bool, rank: tuple[int, int, int],
-                now: float, *, force: bool = False,
-                proposed: ChainConfig | None = None) -> VoteAnswer:
+                now: float, *, force: bool = False, proposed: ChainConfig | None = None,
+                rival: bool = False, exists: bool = False) -> VoteAnswer:
         """A (pre-)vote request of ``sender`` for ``term``.
 
         ``proposed`` is the candidate's configuration; a broker with none yet
-        (new to the chain, or the chain is being created) takes it.
+        (new to the chain, or the chain is being created) takes it. What the
+        driver knows beyond this replica: ``rival``, the candidate's chain is
+        another chain of this criterion (started on the other side of a
+        partition; settled by the older genesis, never by a vote); ``exists``,
+        this node knows the chain exists (it holds events, or heard of it), so a
+        candidate creating it anew is refused: never a second history.
         """
         st = self.state
         config = st.config
+        if rival or (exists and rank[1] < 0 and config is None):
+            return VoteAnswer(False, st.term)
         # Votes are counted by the candidate's configuration, so a broker that does
         # not know yet that it is a voter there (a new member) still answers; one
         # vote per term and the up-to-date rule are what keep elections safe. A

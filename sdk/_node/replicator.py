@@ -837,32 +837,28 @@ class Replicator:
         async with self.chains.lock(criterion):
             # A member the leader never reached holds no state yet: it judges the
             # request by the candidate's configuration (it must name both).
-            if item.genesis is not None and item.genesis in self._lost.get(criterion, ()):
-                return VoteResult(criterion, False, 0)  # that chain lost to an older one
-            replica = await self.replica(criterion, create=item.proposed is not None)
+            lost = item.genesis in self._lost.get(criterion, ())  # lost to an older chain
+            replica = None if lost else await self.replica(criterion,
+                                                           create=item.proposed is not None)
             if replica is None:
                 return VoteResult(criterion, False, 0)
-            if item.genesis is not None and await self._is_rival(
-                    criterion, item.genesis, () if item.proposed is None else (item.proposed,)):
-                if self._nursery is not None:
-                    self._spawn(self.settle_rival, criterion, item.genesis, peer.address)
-                return VoteResult(criterion, False, replica.term)
-            creating = item.rank[1] < 0 and replica.config is None
-            if creating and await self._exists_besides(criterion, item.proposed):
-                # A chain is being created that this node knows exists: never a second one.
-                return VoteResult(criterion, False, replica.term)
+            rival = await self._is_rival(criterion, item.genesis, () if item.proposed is None
+                                         else (item.proposed,))
             mine = replica.rank()
             answer = replica.on_vote(peer.public_key, item.term, item.pre, item.rank,
-                                     self._now(), force=item.force, proposed=item.proposed)
-            if answer.granted and _log.isEnabledFor(logging.DEBUG):
-                _log.debug("%s: %svote for %s in term %d on %s: theirs %s, ours %s",
-                           self.own().address, "pre-" if item.pre else "", peer.address,
-                           item.term, criterion.hex()[:16], item.rank, mine)
+                                     self._now(), force=item.force, proposed=item.proposed,
+                                     rival=rival,
+                                     exists=await self._exists_besides(criterion, item.proposed))
+            _log.debug("%s: %svote for %s in term %d on %s: theirs %s, ours %s: %s",
+                       self.own().address, "pre-" if item.pre else "", peer.address,
+                       item.term, criterion.hex()[:16], item.rank, mine, answer.granted)
             if answer.state is not None:
                 await self._save(replica)
-            if answer.stand and criterion not in self._campaigns and self._nursery is not None:
-                self._spawn(self._campaign_quietly, criterion, False)
-            return VoteResult(criterion, answer.granted, answer.term)
+        if rival:
+            self._spawn(self.settle_rival, criterion, item.genesis, peer.address)
+        if answer.stand and criterion not in self._campaigns:
+            self._spawn(self._campaign_quietly, criterion, False)
+        return VoteResult(criterion, answer.granted, answer.term)
 
     async def _exists_besides(self, criterion: bytes, proposed: ChainConfig | None) -> bool:
         """Does this node know of a chain of ``criterion`` other than the creation that
