@@ -231,6 +231,8 @@ class Harness:
                 seqs.append(prev[0])
             if plan.start is not None:
                 seqs.append(plan.start[0])
+            if follower.commit is not None:
+                seqs.append(follower.commit[0])
             outcome = follower.on_append(KEYS[i], plan.term, plan.start, prev, events,
                                          plan.commit, plan.configs, self.now,
                                          self.hashes(j, seqs))
@@ -400,10 +402,26 @@ def test_a_follower_in_a_new_term_is_cut_back_to_the_leaders_start() -> None:
     assert outcome.ack.status is AckStatus.OK
     assert outcome.truncate_from == 2
     assert follower.state.log_term == 2 and follower.head == start
-    # But never below its commit mark.
+    # But never below its commit mark: what it knows committed, the leader holds too.
+    guarded = Replica(KEY, KEYS[1], ChainState(term=1, log_term=1, configs=(first,),
+                                               commit=(2, events[2].hash)), (3, events[3].hash))
+    kept = guarded.on_append(KEYS[0], 2, start, start, [], None, (first,), 0.0, hashes)
+    assert kept.ack.status is AckStatus.OK and kept.truncate_from == 3
+    assert guarded.state.log_term == 2 and guarded.head == (2, events[2].hash)
+    # A copy that holds only committed events (kept on retiring) is in line at once:
+    # the leader would otherwise cut it back to its start, forever refused.
+    retired = Replica(KEY, KEYS[1], ChainState(term=1, commit=(3, events[3].hash)),
+                      (3, events[3].hash))
+    joined = retired.on_append(KEYS[0], 2, start, start, [], None, (first,), 0.0, hashes)
+    assert joined.ack.status is AckStatus.OK and joined.truncate_from is None
+    assert retired.head == (3, events[3].hash) and retired.state.log_term == 2
+    # A leader whose events differ below the commit mark is refused.
+    other = Event.create(AUTHOR, criterion=KEY, seq=1, prev=events[0].hash, payload=b"x",
+                         time=0)
     guarded = Replica(KEY, KEYS[1], ChainState(term=1, log_term=1, configs=(first,),
                                                commit=(3, events[3].hash)), (3, events[3].hash))
-    refused = guarded.on_append(KEYS[0], 2, start, start, [], None, (first,), 0.0, hashes)
+    refused = guarded.on_append(KEYS[0], 2, (1, other.hash), (0, events[0].hash), [other],
+                                None, (first,), 0.0, hashes)
     assert refused.ack.status is AckStatus.REFUSED
     assert refused.truncate_from is None
 

@@ -279,7 +279,8 @@ class Replica:
         """An append from the leader of ``term``.
 
         ``hashes`` are our own event hashes at the seqs the message touches
-        (``prev``, each event's seq, ``start``), for the ones we hold. In a
+        (``prev``, each event's seq, ``start``) and at our commit mark, for the
+        ones we hold. In a
         new term only events up to ``start`` arrive; once our chain reaches
         the start we cut anything after it and take the new log term.
         """
@@ -356,12 +357,21 @@ class Replica:
                 if held == start[1]:
                     reached = True
                     tail_end = new_head[0] if new_head is not None else -1
-                    if tail_end > start[0]:
-                        if cut is None or cut > start[0] + 1:
-                            if fresh and fresh[-1].seq > start[0]:  # pragma: no cover
-                                fresh = [e for e in fresh if e.seq <= start[0]]
-                            cut = start[0] + 1 if cut is None else min(cut, start[0] + 1)
-                        new_head = start
+                    # What follows the start is stale, except what this broker knows
+                    # committed: the leader holds that too (it could not have been
+                    # elected otherwise), and a copy kept on retiring holds only that.
+                    keep: Pos = start
+                    marked = self.state.commit
+                    if (marked is not None and start[0] < marked[0] <= tail_end
+                            and (cut is None or cut > marked[0])
+                            and hashes.get(marked[0]) == marked[1]):
+                        keep = marked
+                    if tail_end > keep[0]:
+                        if cut is None or cut > keep[0] + 1:
+                            if fresh and fresh[-1].seq > keep[0]:  # pragma: no cover
+                                fresh = [e for e in fresh if e.seq <= keep[0]]
+                            cut = keep[0] + 1 if cut is None else min(cut, keep[0] + 1)
+                        new_head = keep
             if cut is not None and not self._may_cut(cut):
                 return AppendOutcome(self._ack(AckStatus.REFUSED, "the leader's chain lacks a "
                                                "committed event"), state=persist)

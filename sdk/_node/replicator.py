@@ -780,6 +780,8 @@ class Replicator:
                 seqs.append(item.prev[0])
             if item.start is not None:
                 seqs.append(item.start[0])
+            if replica.commit is not None:
+                seqs.append(replica.commit[0])
             hashes = await self.chains.hashes(criterion, seqs)
             if events:
                 try:
