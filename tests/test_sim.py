@@ -234,3 +234,14 @@ def test_a_retired_broker_never_votes_for_a_replaced_configuration(
                             plugins=plugins)
     assert result.retirements > 0
     assert result.ok, "\n".join(result.check.problems[:20])
+
+
+@pytest.mark.sim
+def test_the_run_waits_for_a_move_that_starts_while_convergence_is_checked(plugins) -> None:
+    """A seed whose last move (learners, then the joint configuration) began while the
+    harness was checking convergence: the check saw the old configuration, the
+    snapshot the joint one. The last look at the replicas now awaits nothing, and a
+    leader with learners is not settled."""
+    result = run_simulation(SimConfig(seed=592, family="partitions", overlay="ipfs"),
+                            plugins=plugins)
+    assert result.ok, "\n".join(result.check.problems[:20])

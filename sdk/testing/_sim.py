@@ -534,8 +534,9 @@ class _Simulation:
 
     async def _converged(self) -> bool:
         """Does every criterion have one chain, in a settled configuration whose voters hold
-        the same head, which a read through another node returns? The reads come first,
-        so that no move can start between the check and the snapshot that follows it."""
+        the same head, which a read through another node returns, with no move under way?
+        The reads come first; the last look at the replicas awaits nothing, so no move
+        can start between it and the snapshot that follows."""
         node = self._live[min(self._live)]
         read: dict[bytes, bytes | None] = {}
         for key in self.keys:
@@ -548,33 +549,35 @@ class _Simulation:
             if read.get(key) is None:
                 return False
         for key in self.keys:
-            configs = {}
-            for index in sorted(self._live):
-                config = await self._live[index].configuration(key)
-                if config is not None:
-                    configs[index] = config
-            if not configs:
-                return False
             # One chain per criterion: a criterion started twice is settled first.
             geneses = set()
-            for index in configs:
+            for index in sorted(self._live):
                 first = await self._live[index].store.range(key, 0, 1)
                 if first:
                     geneses.add(first[0].hash)
             if len(geneses) > 1:
                 return False
-            config = max(configs.values(), key=lambda c: c.epoch)
-            if config.joint:
-                return False
-            index_of = {self.identities[i].public_key: i for i in self._live}
-            voters = [index_of.get(m.key) for m in config.voters]
-            heads = []
-            for v in voters:
-                if v is None or v not in configs or configs[v].epoch != config.epoch:
-                    return False
-                head = await self._live[v].head(key)
-                heads.append(None if head is None else head.hash)
-            if set(heads) != {read[key]}:
+        return all(self._settled(key, read[key]) for key in self.keys)
+
+    def _settled(self, key: bytes, head: bytes | None) -> bool:
+        """Is ``key`` in a configuration that is not joint and that no leader is moving
+        (no learners), with every voter at ``head``? From the replicas in memory."""
+        replicas = {}
+        for index, node in self._live.items():
+            replica = node._replicator.loaded(key)
+            if replica is not None and replica.config is not None:
+                replicas[index] = replica
+        if not replicas:
+            return False
+        config = max((r.config for r in replicas.values() if r.config is not None),
+                     key=lambda c: c.epoch)
+        if config.joint or any(p.learner for r in replicas.values() for p in r.progress.values()):
+            return False
+        index_of = {self.identities[i].public_key: i for i in self._live}
+        for member in config.voters:
+            replica = replicas.get(index_of.get(member.key, -1))
+            if (replica is None or replica.config != config or replica.head is None
+                    or replica.head[1] != head):
                 return False
         return True
 
