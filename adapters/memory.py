@@ -164,8 +164,11 @@ class MemoryTransport:
         return self._peer
 
     def address_proven(self, peer: Peer) -> bool:
-        """Always: the network names every sender by the address it serves at."""
-        return True
+        """Whether ``peer``'s key serves at ``peer.address`` now: the network knows
+        (it names every sender by the address it serves at; a contact a third party
+        names is checked against the endpoint at that address)."""
+        endpoint = self._network._endpoints.get(peer.address)
+        return endpoint is not None and endpoint.peer.public_key == peer.public_key
 
     async def serve(
         self, handler: Handler, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED

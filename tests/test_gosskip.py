@@ -438,6 +438,45 @@ async def test_nodes_form_a_ring_and_answer_with_ring_successors(
         nursery.cancel_scope.cancel()
 
 
+def _known_keys(node: ketten.Node) -> set[bytes]:
+    ring = _overlay(node).ring
+    return {*ring.known(), *(c.key for c in ring.successors + ring.predecessors)}
+
+
+async def test_contacts_a_gossiping_node_names_enter_only_once_their_address_answers(
+        plugins: pluggy.PluginManager, autojump_clock: trio.testing.MockClock) -> None:
+    net = MemoryNetwork(seed=5)
+    async with trio.open_nursery() as nursery:
+        nodes: list[ketten.Node] = []
+        for i in range(6):
+            boot = [nodes[-1].address] if nodes else []
+            nodes.append((await _start(nursery, net, plugins, 60 + i, boot))[0])
+        await trio.sleep(20)
+        target, sender = nodes[0], nodes[1]
+        me, named_by = _overlay(target).ring.me, _overlay(sender).ring.me
+        rng = random.Random(5)
+        fakes = []
+        for address in ("mem:nobody-listens-here", nodes[2].address):
+            # A key the sender's level-1 chain would carry on: the ring takes it as
+            # this node's level-2 link, unless its address has to answer first.
+            while True:
+                fake = Contact(Peer(address, rng.randbytes(32)), rng.getrandbits(64))
+                probe = Ring(me)
+                probe.on_gossip(named_by, 1, [fake], now=0.0)
+                if probe.link("right", 2) == fake:
+                    break
+            fakes.append(fake)
+            await sender.request(target.address, "gosskip", encode_gossip(1, named_by.order,
+                                                                            [fake]))
+            assert fake.key not in _known_keys(target), "not even for a moment"
+        await trio.sleep(10)
+        assert not {f.key for f in fakes} & _known_keys(target)
+        stats = _overlay(target).statistics()
+        assert stats.claims_checked >= 2 and stats.claims_refuted >= 2
+        assert sender.identity.public_key in _known_keys(target), "the sender itself is kept"
+        nursery.cancel_scope.cancel()
+
+
 async def test_nodes_that_fall_silent_leave_the_ring(
         plugins: pluggy.PluginManager, autojump_clock: trio.testing.MockClock) -> None:
     net = MemoryNetwork(seed=2)

@@ -486,7 +486,14 @@ async def test_the_transport_vouches_only_for_addresses_it_dialed() -> None:
         assert not address_proven(b.transport, a_peer)  # b was only told a's address
     net = MemoryNetwork(seed=1)
     memory = MemoryTransport(network=net, identity=Identity.generate(), address="mem:1")
-    assert address_proven(memory, b_peer)  # the network names senders by their address
+    other = MemoryTransport(network=net, identity=Identity.generate(), address="mem:2")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(other.serve, lambda *args: None)
+        # The network knows which key serves at each address.
+        assert address_proven(memory, other.peer)
+        assert not address_proven(memory, Peer("mem:2", b_peer.public_key))
+        assert not address_proven(memory, Peer("mem:3", other.peer.public_key))
+        nursery.cancel_scope.cancel()
     assert not address_proven(object(), b_peer)  # type: ignore[arg-type]
 
 

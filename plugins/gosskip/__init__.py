@@ -14,12 +14,17 @@ gossip rounds. A node joins through any node it knows (``bootstrap``) by
 looking up its own name, and every ``rejoin_rounds`` rounds looks it up
 again through known nodes, so rings split by a partition merge when it
 heals. It leaves by falling silent. Only peers the transport authenticated
-answer for themselves in :meth:`GosskipOverlay.closest`; contacts others
-name are only asked. A node that sends gossip only claims the address it
-listens at: its gossip is answered, but the sender enters this node's lists
-only once a request there was answered with its key or the transport vouches
-for it (:func:`~ketten.interfaces.address_proven`); one find checks a new
-claim, bounded as :class:`~ketten.AddressClaims` says.
+answer for themselves in :meth:`GosskipOverlay.closest`. A node that sends
+gossip only claims the address it listens at, and the contacts a gossip
+message, an answer or a lookup names are only claims of a third party: each
+enters this node's lists only once a request there was answered with its
+key or the transport vouches for it
+(:func:`~ketten.interfaces.address_proven`). One find checks a new claim,
+bounded as :class:`~ketten.AddressClaims` says; until then the sender is
+answered but not taken, and a chain of contacts is taken up to the first
+unproven one (its counters count from the sender, so none may be left out
+in between). A lookup still asks the contacts it is told of: an answer with
+the named key is the check.
 
 Options (``NodeConfig.options["overlay"]``): ``bootstrap`` (list of
 addresses, default none), ``k`` (skip length, 2), ``interval`` (seconds
@@ -275,7 +280,7 @@ class GosskipOverlay:
             return
         ring = self.ring
         lookup = await self._lookup(ring.me.position, ring.list_size() + 1, addresses)
-        if ring.adopt(lookup.result()):
+        if ring.adopt(c for c in lookup.result() if self._vouched((c,))):
             self._gossip_now()
         elif not again and self.options.bootstrap and len(lookup.answered()) <= 1:
             _log.warning("%s: no bootstrap node answered; running alone", own)
@@ -311,6 +316,9 @@ class GosskipOverlay:
             responder, answer = decode_answer(peer, body)
             if responder.key != gossip.to.key:
                 raise ProtocolError(f"{gossip.to.peer.address} answered with another key")
+            notify = answer.notify
+            answer = Answer(self._vouched(answer.successors),
+                            notify if notify is not None and self._vouched((notify,)) else None)
         except KettenError as exc:  # any failure of one request is a failed neighbour
             _log.debug("gossip to %s failed: %s", gossip.to.peer.address, exc)
             self._counts["gossip_failures"] += 1
@@ -370,6 +378,15 @@ class GosskipOverlay:
             self._nursery.start_soon(self._check_claim, peer)
         return False
 
+    def _vouched(self, contacts: Sequence[Contact]) -> tuple[Contact, ...]:
+        """The contacts others named, up to the first whose address is not proven
+        (this node's own entry counts as proven: the ring cuts a chain there).
+        Every unproven one is checked, so the whole chain passes once they answer."""
+        own = self._node.identity.public_key
+        proven = [c.key == own or self._proven(c.peer) for c in contacts]
+        cut = proven.index(False) if False in proven else len(contacts)
+        return tuple(contacts[:cut])
+
     async def _check_claim(self, peer: Peer) -> None:
         answered: bytes | None = None
         try:
@@ -406,8 +423,8 @@ class GosskipOverlay:
                                 ring.route(request.target, 4))
         if not proven:  # answered, but not taken until its address is proven
             return encode_answer(self._order, Answer(tuple(ring.successors[:MAX_ENTRIES])))
-        answer = ring.on_gossip(Contact(peer, request.order), request.level, request.entries,
-                                trio.current_time())
+        answer = ring.on_gossip(Contact(peer, request.order), request.level,
+                                self._vouched(request.entries), trio.current_time())
         self._heard(peer)
         if answer.notify is None and request.level == 0 and not ring.link("right", 0):
             self._gossip_now()
