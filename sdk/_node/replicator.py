@@ -1430,6 +1430,8 @@ class Replicator:
             if move.release is not None:
                 released = await self._release(replica, move.release[0],
                                                retired=move.release[1])
+            farewell = Retire(((criterion, replica.term, replica.config, replica.commit),)
+                              ) if move.retire and replica.config is not None else None
         if move.release is not None and released is not None:
             self._retired(criterion, move.release[1], *released)
         if move.hand_over is not None:
@@ -1441,9 +1443,7 @@ class Replicator:
                     pass
         if move.proposed is not None:
             self._moved(criterion, move.proposed)
-        if move.retire:
-            assert replica.config is not None
-            farewell = Retire(((criterion, replica.term, replica.config, replica.commit),))
+        if farewell is not None:
             for member in move.retire:
                 self._spawn(self._farewell, member, farewell)
         if move.replicate:
