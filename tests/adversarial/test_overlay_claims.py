@@ -99,3 +99,47 @@ async def test_a_liar_claiming_an_address_not_its_own_never_enters(
                 await trio.sleep(0.05)
         await target.publish(criterion_key("after the liar"), b"still served", deadline=10)
         await liar.aclose()
+
+
+async def test_contacts_a_proven_gosskip_node_names_for_others_enter_only_once_they_answer(
+) -> None:
+    """A ring member (its own address proven) gossips chains of made-up contacts: a
+    key at an address where nothing listens, and a key at an honest node's address.
+    Neither enters the target's lists; each claim is checked once and refuted."""
+    from ketten.interfaces import Peer
+    from ketten.plugins.gosskip._messages import encode_gossip
+    from ketten.plugins.gosskip._names import Contact
+    from ketten.plugins.gosskip._ring import Ring
+
+    async with AsyncExitStack() as stack:
+        honest: list[ketten.Node] = []
+        for _ in range(3):
+            boot = [honest[0].address] if honest else []
+            honest.append(await stack.enter_async_context(overlay_node("gosskip", boot)))
+        target, sender, victim = honest
+        assert isinstance(target.overlay, GosskipOverlay)
+        assert isinstance(sender.overlay, GosskipOverlay)
+        with trio.fail_after(10):
+            while sender.identity.public_key not in contacts_of(target):
+                await trio.sleep(0.05)
+        me, named_by = target.overlay.ring.me, sender.overlay.ring.me
+        fakes = []
+        for address in (_nowhere(), victim.address):
+            while True:  # a contact the sender's level-1 chain would carry on
+                fake = Contact(Peer(address, Identity.generate().public_key), 1 << 40)
+                probe = Ring(me)
+                probe.on_gossip(named_by, 1, [fake], now=0.0)
+                if probe.link("right", 2) == fake:
+                    break
+            fakes.append(fake)
+            for _ in range(3):
+                await sender.request(target.address, "gosskip",
+                                     encode_gossip(1, named_by.order, [fake]))
+                assert fake.key not in contacts_of(target), "not even for a moment"
+        await trio.sleep(1.5)  # time for the checks (rpc_timeout 0.5 s, retransmitted)
+        known = contacts_of(target)
+        assert not {f.key for f in fakes} & set(known)
+        assert known.get(victim.identity.public_key, victim.address) == victim.address
+        stats = target.overlay.statistics()
+        assert stats.claims_refuted >= 2
+        await target.publish(criterion_key("after the made-up contacts"), b"served", deadline=10)
