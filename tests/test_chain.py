@@ -26,6 +26,7 @@ from ketten import (
     make_locator,
     scan_encoded_chain,
 )
+from ketten._core.chain import WriterPolicy, check_run
 
 ALICE = Identity.from_seed(b"\x0a" * 32)
 BOB = Identity.from_seed(b"\x0b" * 32)
@@ -115,6 +116,30 @@ def test_writer_policy_from_genesis() -> None:
     with pytest.raises(WriterNotAllowed):
         list(scan_encoded_chain(encoded, verify=Verify.FULL))
     assert len(list(scan_encoded_chain(encoded, verify=Verify.LINKS))) == 3
+
+
+def test_a_run_of_events_must_follow_its_predecessor_and_its_writers() -> None:
+    events = build(4, writers=[ALICE.public_key])
+    policy = WriterPolicy.of(events[0])
+    check_run(KEY, None, events, policy=None)  # the genesis sets the policy
+    check_run(KEY, events[1], events[2:], policy=policy)
+    check_run(KEY, (1, events[1].hash), events[2:], policy=policy)
+    with pytest.raises(BrokenLink, match="seq 3 does not follow seq 1"):
+        check_run(KEY, events[1], [events[3]], policy=policy)
+    with pytest.raises(BrokenLink, match="does not follow"):
+        check_run(KEY, (1, b"\0" * 32), events[2:], policy=policy)
+    with pytest.raises(BrokenLink, match="another criterion"):
+        check_run(criterion_key("elsewhere"), events[1], events[2:], policy=policy)
+    intruder = Event.create(BOB, criterion=KEY, seq=4, prev=events[3].hash, payload=b"",
+                            time=0)
+    with pytest.raises(WriterNotAllowed, match="seq 4"):
+        check_run(KEY, None, [*events, intruder], policy=None)
+    check_run(KEY, events[3], [intruder], policy=None)  # an open chain
+    check_run(KEY, events[3], [intruder], policy=policy, verify=Verify.LINKS)
+    forged = Event.from_bytes(events[2].to_bytes()[:-64] + b"\x00" * 64)
+    check_run(KEY, events[1], [forged], policy=policy, verify=Verify.LINKS)
+    with pytest.raises(InvalidSignature):
+        check_run(KEY, events[1], [forged], policy=policy)
 
 
 def test_classify_and_forks() -> None:

@@ -22,6 +22,7 @@ __all__ = [
     "Placement",
     "Verify",
     "WriterPolicy",
+    "check_run",
     "check_successor",
     "choose_branch",
     "classify",
@@ -105,6 +106,46 @@ def check_successor(
                 f"seq {event.seq}: author {event.author.hex()[:16]} may not write to this chain"
             )
         event.verify()
+
+
+def check_run(
+    criterion: bytes,
+    prev: tuple[int, bytes] | Event | None,
+    events: Sequence[Event],
+    *,
+    policy: WriterPolicy | None,
+    verify: Verify = Verify.FULL,
+) -> None:
+    """Check that ``events`` of ``criterion`` follow ``prev`` (a position, an event,
+    or ``None``: the run starts with the genesis) and each other, and, with
+    :attr:`Verify.FULL`, are signed by writers ``policy`` allows (a genesis in the
+    run sets the policy for what follows it).
+
+    Raises :class:`~ketten.errors.BrokenLink`,
+    :class:`~ketten.errors.WriterNotAllowed` or
+    :class:`~ketten.errors.InvalidSignature`, naming the seq.
+    """
+    link: bytes | None
+    if prev is None:
+        link, expected = None, 0
+    elif isinstance(prev, Event):
+        link, expected = prev.hash, prev.seq + 1
+    else:
+        link, expected = prev[1], prev[0] + 1
+    for event in events:
+        if event.criterion != criterion:
+            raise BrokenLink(f"seq {event.seq} belongs to another criterion")
+        if event.seq != expected or (event.seq > 0 and event.prev != link):
+            raise BrokenLink(f"seq {event.seq} does not follow seq {expected - 1}")
+        if event.seq == 0:
+            check_successor(None, event, verify=verify)
+            policy = WriterPolicy.of(event)
+        elif verify is Verify.FULL:
+            if policy is not None and not policy.allows(event.author):
+                raise WriterNotAllowed(f"seq {event.seq}: author "
+                                       f"{event.author.hex()[:16]} may not write here")
+            event.verify()
+        link, expected = event.hash, event.seq + 1
 
 
 class Placement(enum.Enum):

@@ -17,19 +17,17 @@ from contextlib import asynccontextmanager
 import attrs
 import trio
 
-from .._core.chain import Verify, WriterPolicy, check_successor
+from .._core.chain import Verify, WriterPolicy, check_run
 from .._core.event import Event
 from .._core.membership import ChainState, Pos
 from .._core.messages import MAX_EVENTS
 from ..errors import (
-    BrokenLink,
     DecodeError,
     InvalidEvent,
     KettenError,
     StoreConflict,
     StoreCorrupted,
     StoreError,
-    WriterNotAllowed,
 )
 from ..interfaces import Store
 
@@ -319,37 +317,11 @@ class LocalChains:
         """
         if not events:
             return
-        first = events[0]
-        if first.seq == 0:
-            policy: WriterPolicy | None = WriterPolicy.of(first)
-        else:
-            policy = await self.policy(criterion)
-            if policy is None:
-                policy = WriterPolicy()
-        link: bytes | None
-        expected: int
-        if prev is None:
-            link, expected = None, 0
-        elif isinstance(prev, Event):
-            link, expected = prev.hash, prev.seq + 1
-        else:
-            link, expected = prev[1], prev[0] + 1
-        verify = Verify.FULL if signatures else Verify.LINKS
+        # The policy is read only when the run does not start with the genesis.
+        policy = None if events[0].seq == 0 else await self.policy(criterion) or WriterPolicy()
         try:
-            for event in events:
-                if event.criterion != criterion:
-                    raise BrokenLink(f"seq {event.seq} belongs to another criterion")
-                if event.seq != expected or (event.seq > 0 and event.prev != link):
-                    raise BrokenLink(f"seq {event.seq} does not follow seq {expected - 1}")
-                if event.seq == 0:
-                    check_successor(None, event, verify=verify)
-                    policy = WriterPolicy.of(event)
-                elif verify is Verify.FULL:
-                    if policy is not None and not policy.allows(event.author):
-                        raise WriterNotAllowed(f"seq {event.seq}: author "
-                                               f"{event.author.hex()[:16]} may not write here")
-                    event.verify()
-                link, expected = event.hash, event.seq + 1
+            check_run(criterion, prev, events, policy=policy,
+                      verify=Verify.FULL if signatures else Verify.LINKS)
         except InvalidEvent:
             self._counts["invalid_events"] += 1
             raise
