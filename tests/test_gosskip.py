@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pluggy
@@ -400,6 +401,22 @@ async def _start(nursery: trio.Nursery, net: MemoryNetwork, plugins: pluggy.Plug
     return started
 
 
+@asynccontextmanager
+async def _ring_of(plugins: pluggy.PluginManager, count: int, *, seed: int, first: int,
+                   settle: float) -> AsyncIterator[list[ketten.Node]]:
+    """``count`` nodes on a memory network (identity seeds from ``first``), each
+    joining through the last, given ``settle`` seconds to form their ring."""
+    net = MemoryNetwork(seed=seed)
+    async with trio.open_nursery() as nursery:
+        nodes: list[ketten.Node] = []
+        for i in range(count):
+            boot = [nodes[-1].address] if nodes else []
+            nodes.append((await _start(nursery, net, plugins, first + i, boot))[0])
+        await trio.sleep(settle)
+        yield nodes
+        nursery.cancel_scope.cancel()
+
+
 def _overlay(node: ketten.Node) -> GosskipOverlay:
     assert isinstance(node.overlay, GosskipOverlay)
     return node.overlay
@@ -407,13 +424,7 @@ def _overlay(node: ketten.Node) -> GosskipOverlay:
 
 async def test_nodes_form_a_ring_and_answer_with_ring_successors(
         plugins: pluggy.PluginManager, autojump_clock: trio.testing.MockClock) -> None:
-    net = MemoryNetwork(seed=1)
-    async with trio.open_nursery() as nursery:
-        nodes: list[ketten.Node] = []
-        for i in range(12):
-            boot = [nodes[-1].address] if nodes else []
-            nodes.append((await _start(nursery, net, plugins, i + 1, boot))[0])
-        await trio.sleep(30)
+    async with _ring_of(plugins, 12, seed=1, first=1, settle=30) as nodes:
         ring = sorted(nodes, key=lambda n: _overlay(n).ring.me.position)
         for i, node in enumerate(ring):
             assert _overlay(node).ring.link("right", 0) == _overlay(ring[(i + 1) % 12]).ring.me
@@ -435,7 +446,6 @@ async def test_nodes_form_a_ring_and_answer_with_ring_successors(
         with pytest.raises(RemoteError):
             await nodes[1].request(nodes[0].address, "gosskip", {"op": "steal"})
         assert await _overlay(nodes[1]).closest(key, 3) == truth[:3]
-        nursery.cancel_scope.cancel()
 
 
 def _known_keys(node: ketten.Node) -> set[bytes]:
@@ -445,13 +455,7 @@ def _known_keys(node: ketten.Node) -> set[bytes]:
 
 async def test_contacts_a_gossiping_node_names_enter_only_once_their_address_answers(
         plugins: pluggy.PluginManager, autojump_clock: trio.testing.MockClock) -> None:
-    net = MemoryNetwork(seed=5)
-    async with trio.open_nursery() as nursery:
-        nodes: list[ketten.Node] = []
-        for i in range(6):
-            boot = [nodes[-1].address] if nodes else []
-            nodes.append((await _start(nursery, net, plugins, 60 + i, boot))[0])
-        await trio.sleep(20)
+    async with _ring_of(plugins, 6, seed=5, first=60, settle=20) as nodes:
         target, sender = nodes[0], nodes[1]
         me, named_by = _overlay(target).ring.me, _overlay(sender).ring.me
         rng = random.Random(5)
@@ -474,7 +478,6 @@ async def test_contacts_a_gossiping_node_names_enter_only_once_their_address_ans
         stats = _overlay(target).statistics()
         assert stats.claims_checked >= 2 and stats.claims_refuted >= 2
         assert sender.identity.public_key in _known_keys(target), "the sender itself is kept"
-        nursery.cancel_scope.cancel()
 
 
 async def test_nodes_that_fall_silent_leave_the_ring(
