@@ -13,14 +13,16 @@ use more than one core). Figures:
 
     python bench/bench_publish.py [--sequential 300] [--criteria 64] [--per-criterion 150]
                                   [--store sqlite|memory] [--compare] [--inline-limit 0.005]
-                                  [--compare-encryption] [--gc-threshold 50000]
+                                  [--compare-encryption] [--encryption-rounds 2]
+                                  [--gc-threshold 50000]
 
 The machine's load average is printed too: on a shared machine the figures
 move with it. The CPU time all nodes spent per acknowledged event in the
 concurrent run (every worker publishes there) moves less. ``--compare``
 repeats the publish runs with memory stores: the difference is what the
-durable store costs; ``--compare-encryption`` repeats them with frame
-encryption off (the ratio on / off is what encryption costs). Catching up (copying a chain to a new broker) is
+durable store costs; ``--compare-encryption`` runs them with frame encryption on and off, in the
+order on, off, off, on (``--encryption-rounds``, 2: then off, on, on, off)
+and compares the means (the ratio on / off is what encryption costs). Catching up (copying a chain to a new broker) is
 measured by ``bench_reconfig.py``. The node processes set their collector as
 ``ketten serve`` does (:func:`ketten.tune_gc`); ``--gc-threshold 0`` keeps
 Python's own settings.
@@ -229,6 +231,9 @@ def main() -> None:
     parser.add_argument("--compare-encryption", action="store_true",
                         help="also run the publish figures with frame encryption off and "
                              "print the ratios (what encryption costs, same machine load)")
+    parser.add_argument("--encryption-rounds", type=int, default=2,
+                        help="with --compare-encryption: rounds of four runs (on, off, off, "
+                             "on; the next round the other way round)")
     parser.add_argument("--gc-threshold", type=int, default=GC_THRESHOLD,
                         help="the node processes' youngest-generation gc threshold, as "
                              "ketten serve's --gc-threshold (0: Python's own settings)")
@@ -258,14 +263,25 @@ def main() -> None:
                 print(f"  sqlite / memory: sequential {seq / mem_seq:.2f}, "
                       f"concurrently {conc / mem_conc:.2f}")
             if args.compare_encryption:
-                clear = start_workers(base / "clear", store, args.inline_limit, encrypt=False)
-                try:
-                    clear_seq, clear_conc = publish_figures(clear, store, args, encrypt=False)
-                finally:
-                    for w in clear:
-                        w.close()
-                print(f"  encrypted / in clear: sequential {seq / clear_seq:.2f}, "
-                      f"concurrently {conc / clear_conc:.2f} (target >= 0.9)")
+                # Runs in the order on, off, off, on, then off, on, on, off, ...: what
+                # drifts while they go on (the machine's other load, the disk) weighs
+                # on both sides alike. The ratio is of the means.
+                order = [True, False, False, True, False, True, True, False]
+                order = (order * args.encryption_rounds)[:4 * args.encryption_rounds]
+                runs: dict[bool, list[tuple[float, float]]] = {True: [(seq, conc)], False: []}
+                for n, encrypt in enumerate(order[1:]):
+                    cluster = start_workers(base / f"cmp{n}", store, args.inline_limit,
+                                            encrypt=encrypt)
+                    try:
+                        runs[encrypt].append(publish_figures(cluster, store, args,
+                                                             encrypt=encrypt))
+                    finally:
+                        for w in cluster:
+                            w.close()
+                on, off = ([sum(f[i] for f in runs[e]) / len(runs[e]) for i in (0, 1)]
+                           for e in (True, False))
+                print(f"  encrypted / in clear ({len(order)} runs, means): sequential "
+                      f"{on[0] / off[0]:.2f}, concurrently {on[1] / off[1]:.2f} (target >= 0.9)")
             verify = verify_rate()
             cores = os.cpu_count() or 1
             bound = verify * cores / 3
