@@ -1,14 +1,93 @@
-"""Shared fixtures for the ketten test suite: the ones ketten ships for plugin authors."""
+"""Shared fixtures for the ketten test suite: the ones ketten ships for plugin authors,
+and a list of every trio task of a test that runs far longer than any should."""
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
+
 import pluggy
 import pytest
+import trio
 
 pytest_plugins = ["ketten.testing.fixtures"]
+
+HANG_REPORT_AFTER = float(os.environ.get("KETTEN_TEST_HANG_REPORT", "600"))
+"""Real seconds after which a running test's trio tasks are listed on stderr
+(pytest-timeout ends it at 900 s and prints what it captured; the list says
+where each task waits, which a thread's stack cannot)."""
 
 
 @pytest.fixture(scope="session")
 def plugins(ketten_plugins: pluggy.PluginManager) -> pluggy.PluginManager:
     """One plugin manager (entry-point discovery is slow) shared by every test."""
     return ketten_plugins
+
+
+def task_tree(task: trio.lowlevel.Task, depth: int = 0) -> list[str]:
+    """One line per task under ``task``: its name and the frames it waits in,
+    innermost first."""
+    frames = " <- ".join(
+        f"{frame.f_code.co_qualname} ({frame.f_code.co_filename.rsplit('/', 1)[-1]}:{lineno})"
+        for frame, lineno in reversed(list(task.iter_await_frames())))
+    lines = [f"{'  ' * depth}{task.name}: {frames}"]
+    for nursery in task.child_nurseries:
+        for child in nursery.child_tasks:
+            lines.extend(task_tree(child, depth + 1))
+    return lines
+
+
+def _runner_of(frame: FrameType | None) -> Any:
+    """The trio run a thread is in, from its stack (``trio.run``'s local ``runner``)."""
+    while frame is not None:
+        if frame.f_code.co_name == "run" and "trio" in frame.f_code.co_filename:
+            runner = frame.f_locals.get("runner")
+            if runner is not None:
+                return runner
+        frame = frame.f_back
+    return None
+
+
+def _terminal_fd(config: pytest.Config) -> int:
+    """The stderr the run started with: output capture (and an xdist worker's capture,
+    which pytest-timeout's dump does not get past when it ends the worker) is bypassed."""
+    capman = config.pluginmanager.getplugin("capturemanager")
+    capturing = getattr(capman, "_global_capturing", None)
+    saved = getattr(getattr(capturing, "err", None), "targetfd_save", None)
+    return saved if isinstance(saved, int) else 2
+
+
+@pytest.fixture(autouse=True)
+def _hang_report(request: pytest.FixtureRequest) -> Iterator[None]:
+    main = threading.get_ident()
+    finished = threading.Event()
+
+    def report(runner: Any, done: threading.Event, out: list[str]) -> None:
+        try:
+            lines = task_tree(runner.init_task)
+            out.append(f"(trio time {runner.clock.current_time():.2f}); its {len(lines)} "
+                       "tasks:\n" + "\n".join(lines))
+        finally:
+            done.set()
+
+    def watch() -> None:
+        if finished.wait(HANG_REPORT_AFTER):
+            return
+        runner = _runner_of(sys._current_frames().get(main))
+        if runner is None:
+            return  # not in a trio run: the thread stacks pytest-timeout prints say it all
+        done, out = threading.Event(), []
+        runner.entry_queue.run_sync_soon(report, runner, done, out)
+        done.wait(30.0)
+        text = out[0] if out else "(its tasks could not be listed within 30 s)"
+        message = (f"\n=== {request.node.nodeid}: still running after "
+                   f"{HANG_REPORT_AFTER:.0f} s {text}\n")
+        os.write(_terminal_fd(request.config), message.encode(errors="replace"))
+
+    threading.Thread(target=watch, name="hang-report", daemon=True).start()
+    yield
+    finished.set()
