@@ -21,7 +21,7 @@ import time
 
 import trio
 
-from ketten import Event, criterion_key, plugin_manager
+from ketten import Event, criterion_key, plugin_manager, tune_gc
 from ketten.adapters.memory import MemoryNetwork
 from ketten.errors import KettenError
 from ketten.plugins.causal_delivery import CausalDelivery
@@ -87,11 +87,13 @@ def verify_alone(chains: dict[bytes, list[Event]]) -> float:
 
 async def run(count: int, rounds: int) -> None:
     async with trio.open_nursery() as nursery:
-        cluster = Cluster(nursery, plugin_manager(), MemoryNetwork(seed=1), request_timeout=2.0)
+        cluster = Cluster(nursery, plugin_manager(), MemoryNetwork(seed=1), request_timeout=2.0,
+                          anti_entropy=2.0, options={"overlay": {"interval": 1.0}})
         for index in range(AUTHORS + rounds):
             await cluster.start(index, clock="vector")
         await trio.sleep(2.0)
         chains = await publish_all(cluster, count)
+        tune_gc()  # as ``ketten serve`` does: the subscriber's node runs as a node process
         total = sum(len(e) for e in chains.values())
         best_live = best_plugin = best_verify = float("inf")
         for r in range(rounds):
