@@ -42,7 +42,12 @@ class Connection:
     and unanswered, so a request that got no answer before this was never read
     there (see ``TcpTransport.request``)."""
     send_timeout: float = 30.0
-    """How long one frame may take to leave; a peer that stops reading is cut off."""
+    """How long one write may take; a peer that stops reading is cut off (the
+    transport's watcher checks :attr:`sending_since`, so no write sets a timer)."""
+    sending_since: float | None = None
+    """When the write under way began (``None``: none is)."""
+    close_reason: str = ""
+    _write_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
     _outbox: list[bytes] = attrs.field(factory=list, init=False)
     _flushing: bool = attrs.field(default=False, init=False)
     _pending: dict[int, ReplySlot] = attrs.field(factory=dict, init=False)
@@ -78,19 +83,21 @@ class Connection:
             while self._outbox and not self.closed:
                 chunk = b"".join(self._outbox)
                 self._outbox.clear()
-                deadline = trio.current_time() + self.send_timeout
-                with trio.CancelScope(shield=True, deadline=deadline) as scope:
+                self.sending_since = trio.current_time()
+                # Only closing the connection ends the write (see ``close``).
+                with trio.CancelScope(shield=True) as self._write_scope:
                     try:
                         await self.stream.send_all(chunk)
                     except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                         self.close(f"send failed: {exc}")
                         raise PeerUnreachable(
                             f"connection to {self.peer.address} broke") from None
-                if scope.cancelled_caught:
-                    self.close(f"a frame took longer than {self.send_timeout} s to send")
-                    raise PeerUnreachable(f"connection to {self.peer.address} stalled")
+                if self._write_scope.cancelled_caught:
+                    raise PeerUnreachable(
+                        f"connection to {self.peer.address} closed: {self.close_reason}")
         finally:
             self._flushing = False
+            self.sending_since = self._write_scope = None
         if self.closed:
             raise PeerUnreachable(f"connection to {self.peer.address} is closed")
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -120,7 +127,10 @@ class Connection:
         if self.closed:
             return
         self.closed = True
+        self.close_reason = reason
         self.finished.set()
         self.cancel_scope.cancel()
+        if self._write_scope is not None:
+            self._write_scope.cancel()  # half a frame may be out: nothing more goes
         for slot in self._pending.values():
             slot.settle(PeerUnreachable(f"connection to {self.peer.address} closed: {reason}"))

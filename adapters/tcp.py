@@ -132,6 +132,10 @@ class TcpStatistics:
     handshakes_timed_out: int
     malformed_frames: int
     stalled_frames: int
+    """Connections closed because a frame of the peer's did not arrive whole in time."""
+    stalled_sends: int
+    """Connections closed because the peer did not take a write in time (it stopped
+    reading)."""
     idle_closed: int
     requests_sent: int
     replies_received: int
@@ -604,14 +608,20 @@ class TcpTransport:
 
     async def _watch(self) -> None:
         """Close the connections whose started frame is not complete within
-        ``frame_timeout`` and those with no request outstanding and no frame for
-        their idle limit; one timer for all connections."""
+        ``frame_timeout``, those whose write has not left within it, and those with
+        no request outstanding and no frame for their idle limit; one timer for all
+        connections."""
         tick = min(self.frame_timeout, self.idle_timeout) / 4
-        while True:
-            await trio.sleep(tick)
-            now = trio.current_time()
+        try:
+            while True:
+                await trio.sleep(tick)
+                now = trio.current_time()
+                for conn in list(self._open):
+                    self._check_overdue(conn, now)
+        finally:
+            # The transport is stopping, and nothing would end a blocked write now.
             for conn in list(self._open):
-                self._check_overdue(conn, now)
+                conn.close("transport stopped")
 
     def _warn_closing(self, conn: Connection, reason: str) -> None:
         """A connection ends for the peer's fault (rate-limited per address)."""
@@ -626,6 +636,12 @@ class TcpTransport:
         if conn.frame_started is not None and now - conn.frame_started > self.frame_timeout:
             reason = f"a frame was not complete within {self.frame_timeout} s"
             self._counts["stalled_frames"] += 1
+            self._warn_closing(conn, reason)
+            conn.close(reason)
+            return
+        if conn.sending_since is not None and now - conn.sending_since > conn.send_timeout:
+            reason = f"a write took longer than {conn.send_timeout} s (the peer stopped reading)"
+            self._counts["stalled_sends"] += 1
             self._warn_closing(conn, reason)
             conn.close(reason)
             return

@@ -579,6 +579,32 @@ async def test_a_frame_trickling_in_byte_by_byte_is_cut_off_at_frame_timeout() -
         assert isinstance(answer, Auth)
 
 
+async def test_a_peer_that_stops_reading_is_cut_off_at_frame_timeout() -> None:
+    # Its requests ask for more than the sockets' buffers hold, and it reads none of
+    # the answers: the node's write blocks, and its watcher ends the connection.
+    async with tcp_node(transport={"frame_timeout": 0.4}) as node:
+        echo_services(node, [])
+        mute, answer = await raw_connect(node.address)
+        assert isinstance(answer, Auth)
+        big = "x" * (1 << 20)
+        for req_id in range(1, 41):
+            await mute.send(Request(req_id, ketten.wire.encode_message("echo", big)))
+        started = trio.current_time()
+        with trio.fail_after(5):
+            while node.transport.statistics().stalled_sends == 0:
+                await trio.sleep(0.05)
+        assert trio.current_time() - started < 2.0
+        assert await mute.closed()
+        stats = node.transport.statistics()
+        assert stats.stalled_sends == 1 and stats.stalled_frames == 0
+        assert stats.connections_open == 0
+        # The node goes on serving others.
+        talker, answer = await raw_connect(node.address)
+        assert isinstance(answer, Auth)
+        await talker.send(Request(1, ketten.wire.encode_message("echo", "still here")))
+        assert isinstance(await talker.frame(), Reply)
+
+
 async def test_cancelled_requests_leave_the_shared_connection_whole() -> None:
     # Requests cancelled at every stage, big frames among them, share one
     # connection with requests that must keep getting exact answers.
