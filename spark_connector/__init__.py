@@ -47,6 +47,20 @@ Identifiers are hex strings so that they can be shown, joined and filtered
 in SQL; ``unhex(criterion)`` gives the 32 raw bytes. Opaque data (``clock``,
 ``payload``) is binary, as in the Kafka source.
 
+Spark does not tell a Python data source which columns a query uses, so a
+read produces every column unless its schema says otherwise: give the reader
+the columns you need, with their types from the table above, in any order
+(column pruning by hand)::
+
+    spark.read.format("ketten").schema("author string, seq long").load(path)
+
+Only those columns are handed to Spark, which is what costs most per row.
+With ``verify`` ``none`` and no column besides ``criterion``, ``name`` and
+``seq``, no event is read at all: the rows come from the chains' heads
+(``count()`` of a chain, or of every chain, answered from metadata). A
+column that can be null cannot be declared ``NOT NULL``; a column the source
+does not have, or one of another type, is refused with an error naming it.
+
 Options (names are case-insensitive)
 ------------------------------------
 =========================  ===========  ==================================================

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+import attrs
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
@@ -20,6 +22,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from ketten._core.chain import Verify
 from ketten.errors import UsageError
 
 from ._options import ReadOptions
@@ -36,10 +39,16 @@ from ._plan import (
 )
 from ._reconcile import ChainView
 from ._scan import read_slices
-from ._schema import NAME_FIELD, spark_schema
+from ._schema import HEAD_COLUMNS, NAME_FIELD, declared_columns, spark_schema
 from ._stores import open_readers
 
 __all__ = ["KettenDataSource", "KettenPartition", "KettenPushdownDataSource"]
+
+_HEADS_TASK_SCALE = 2
+_HEADS_BATCH_SCALE = 16
+"""How many times more rows a task and an Arrow batch hold when the rows come from
+the chains' heads (no event read) than when they are read: such rows cost little
+to make, so per-task and per-batch costs weigh more."""
 
 
 class KettenPartition(InputPartition):
@@ -74,6 +83,37 @@ def _named(batches: Iterator[pa.RecordBatch], names: Mapping[str, str]) -> Itera
         column = (pa.nulls(n, pa.string()) if name is None
                   else pa.repeat(pa.scalar(name, pa.string()), n))
         yield batch.add_column(1, NAME_FIELD, column)
+
+
+def _selected(batches: Iterator[pa.RecordBatch],
+              columns: pa.Schema | None) -> Iterator[pa.RecordBatch]:
+    """Each batch with only the ``columns`` (``None``: all of them)."""
+    if columns is None:
+        yield from batches
+        return
+    for batch in batches:
+        yield pa.RecordBatch.from_arrays([batch.column(f.name) for f in columns],
+                                         schema=columns)
+
+
+def _from_heads(slices: tuple[Slice, ...], columns: pa.Schema,
+                names: Mapping[str, str], rows: int) -> Iterator[pa.RecordBatch]:
+    """The rows of ``slices`` with only ``criterion``, ``name`` and ``seq`` columns,
+    made from the seq ranges the chains' heads gave the plan: no event is read."""
+    for piece in slices:
+        assert not piece.orphans and piece.stop is not None
+        criterion = piece.criterion.hex()
+        name = names.get(criterion)
+        for first in range(piece.start, piece.stop, rows):
+            seqs = pa.array(np.arange(first, min(first + rows, piece.stop), dtype=np.int64))
+            n = len(seqs)
+            made = {
+                "criterion": pa.repeat(pa.scalar(criterion, pa.string()), n),
+                "name": (pa.nulls(n, pa.string()) if name is None
+                         else pa.repeat(pa.scalar(name, pa.string()), n)),
+                "seq": seqs,
+            }
+            yield pa.RecordBatch.from_arrays([made[f.name] for f in columns], schema=columns)
 
 
 def _missing(options: ReadOptions, pushdown: Pushdown, views: Mapping[bytes, ChainView]) -> None:
@@ -123,24 +163,15 @@ class KettenDataSource(DataSource):
         """The columns; parses and checks the options, so bad ones fail at ``load()``."""
         return spark_schema(orphans=self._resolved().include_orphans)
 
-    def _check_schema(self, schema: StructType, options: ReadOptions) -> None:
-        expected = spark_schema(orphans=options.include_orphans)
-        if schema != expected:
-            raise UsageError(
-                "the ketten source has a fixed schema; do not pass one. Expected: "
-                + expected.simpleString()
-            )
-
     def reader(self, schema: StructType) -> DataSourceReader:
         options = self._resolved()
-        self._check_schema(schema, options)
-        return KettenReader(options)
+        return KettenReader(options, declared_columns(schema, orphans=options.include_orphans))
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         options = self._resolved()
         options.check_streaming()
-        self._check_schema(schema, options)
-        return KettenStreamReader(options)
+        return KettenStreamReader(options,
+                                  declared_columns(schema, orphans=options.include_orphans))
 
 
 class KettenPushdownDataSource(KettenDataSource):
@@ -153,28 +184,45 @@ class KettenPushdownDataSource(KettenDataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         options = self._resolved()
-        self._check_schema(schema, options)
-        return KettenPushdownReader(options)
+        return KettenPushdownReader(options,
+                                    declared_columns(schema, orphans=options.include_orphans))
 
 
 class KettenReader(DataSourceReader):
     """Batch reads: one partition per chain or chain range, small chains grouped."""
 
-    def __init__(self, options: ReadOptions) -> None:
+    def __init__(self, options: ReadOptions, columns: pa.Schema | None = None) -> None:
         self._options = options
+        self._columns = columns
         self._pushdown = Pushdown()
 
+    def _from_heads(self) -> bool:
+        """Whether the rows come from the chains' heads alone (see :func:`_from_heads`)."""
+        columns = self._columns
+        return (columns is not None and HEAD_COLUMNS.issuperset(columns.names)
+                and self._options.verify is Verify.NONE and not self._options.include_orphans)
+
     def partitions(self) -> Sequence[InputPartition]:
-        views = _survey(self._options, self._pushdown)
-        _missing(self._options, self._pushdown, views)
-        slices = batch_slices(views, self._options, self._pushdown)
-        return _partitions(slices, self._options) or [KettenPartition(())]
+        options = self._options
+        if self._from_heads():
+            # A row made from a head costs a small part of one read from a store.
+            options = attrs.evolve(options, max_events_per_partition=(
+                options.max_events_per_partition * _HEADS_TASK_SCALE))
+        views = _survey(options, self._pushdown)
+        _missing(options, self._pushdown, views)
+        slices = batch_slices(views, options, self._pushdown)
+        return _partitions(slices, options) or [KettenPartition(())]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KettenPartition)
-        names = {**self._options.names, **(self._pushdown.names or {})}
-        return _named(read_slices(partition.slices, self._options),
-                      {k.hex(): v for k, v in names.items()})
+        names = {k.hex(): v for k, v in
+                 {**self._options.names, **(self._pushdown.names or {})}.items()}
+        if self._from_heads():
+            assert self._columns is not None
+            return _from_heads(partition.slices, self._columns, names,
+                               self._options.batch_rows * _HEADS_BATCH_SCALE)
+        return _selected(_named(read_slices(partition.slices, self._options), names),
+                         self._columns)
 
 
 class KettenPushdownReader(KettenReader):
@@ -197,8 +245,9 @@ def _offsets(value: Any, where: str) -> dict[str, int]:
 class KettenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Streaming reads; an offset is ``{criterion hex: height}`` with sorted keys."""
 
-    def __init__(self, options: ReadOptions) -> None:
+    def __init__(self, options: ReadOptions, columns: pa.Schema | None = None) -> None:
         self._options = options
+        self._columns = columns
         self._target: dict[str, int] | None = None
 
     def _now(self) -> dict[str, int]:
@@ -240,8 +289,9 @@ class KettenStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KettenPartition)
-        return _named(read_slices(partition.slices, self._options),
-                      {k.hex(): v for k, v in self._options.names.items()})
+        return _selected(_named(read_slices(partition.slices, self._options),
+                                {k.hex(): v for k, v in self._options.names.items()}),
+                         self._columns)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the stores are read, never consumed."""

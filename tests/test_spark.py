@@ -10,6 +10,8 @@ import contextlib
 import datetime
 import json
 import os
+import random
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -260,6 +262,64 @@ def test_filter_pushdown_returns_the_same_rows_as_without_it(spark: Any, tmp_pat
     corrupt(node, b"z:0:1:" * 3)
     pruned = spark.read.format("ketten").option("path", node).load().where(queries[0])
     assert [r[1] for r in rows_of(pruned)] == [3, 4, 5, 6, 7, 8]
+
+
+def test_a_declared_schema_reads_only_its_columns_and_the_same_rows(spark: Any,
+                                                                   tmp_path: Any) -> None:
+    node = str(tmp_path / "node")
+    written = trio.run(write_chains, "sqlite", [node], [(0, "x", 30), (0, "y", 9), (0, "z", 1)])
+    rng = random.Random(5)
+    full_columns = ["criterion", "name", *ROW_FIELDS[1:]]
+
+    def projected(df: Any, columns: list[str]) -> list[tuple[Any, ...]]:
+        return sorted((tuple(bytes(v) if isinstance(v, bytearray) else v for v in row)
+                       for row in df.select(*columns).collect()),
+                      key=lambda r: tuple((v is None, str(v)) for v in r))
+
+    types = {f.name: f.dataType.simpleString() for f in
+             spark.read.format("ketten").option("path", node).load().schema.fields}
+    subsets = [["seq"], ["criterion", "seq"], ["seq", "name", "criterion"], ["author"],
+               ["payload", "seq"], ["replicas", "hash", "prev"]]
+    subsets += [rng.sample(full_columns, rng.randint(1, len(full_columns))) for _ in range(6)]
+    for verify in ("none", "links"):
+        everything = (spark.read.format("ketten").option("path", node)
+                      .option("criteria", "x,y,z").option("verify", verify).load())
+        for columns in subsets:
+            declared = ", ".join(f"{c} {types[c]}" for c in columns)
+            pruned = (spark.read.format("ketten").schema(declared).option("path", node)
+                      .option("criteria", "x,y,z").option("verify", verify).load())
+            assert pruned.columns == columns
+            assert projected(pruned, columns) == projected(everything, columns), (verify, columns)
+            where = pruned.where("seq >= 3 AND seq < 7") if "seq" in columns else pruned
+            assert where.count() == (
+                sum(1 for e in written if 3 <= e.seq < 7) if "seq" in columns else len(written))
+
+    # With verify=none, criterion, name and seq come from the chains' heads: no event
+    # is read, not even one that is gone. Any other column, or verify=links, reads them.
+    with contextlib.closing(sqlite3.connect(os.path.join(node, "ketten.sqlite3"))) as db:
+        db.execute("DELETE FROM events WHERE criterion = ? AND seq = 5", (criterion_key("x"),))
+        db.commit()
+
+    def heads(verify: str) -> Any:
+        return (spark.read.format("ketten").schema("criterion string, seq long")
+                .option("path", node).option("verify", verify).load())
+
+    assert heads("none").count() == len(written)
+    x = criterion_key("x").hex()
+    assert sorted(r["seq"] for r in heads("none").where(f"criterion = '{x}'").collect()
+                  ) == list(range(30))
+    with pytest.raises(Exception, match=f"criterion {x}"):
+        heads("links").collect()
+    # verify=none reads events as stored (structure only): seq 5 is simply not there.
+    read = (spark.read.format("ketten").schema("seq long, author string").option("path", node)
+            .option("verify", "none").load())
+    assert read.count() == len(written) - 1
+
+    for bad, message in [("seq string", r"column 'seq' of the ketten source is bigint"),
+                         ("sequence long", r"no column 'sequence'"),
+                         ("seq long, seq long", r"named twice")]:
+        with pytest.raises(Exception, match=message):
+            spark.read.format("ketten").schema(bad).option("path", node).load().collect()
 
 
 def test_criteria_by_name_and_errors_instead_of_empty_frames(spark: Any, tmp_path: Any) -> None:
