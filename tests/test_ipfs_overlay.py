@@ -264,7 +264,9 @@ async def read_scaling(plugins: pluggy.PluginManager, *, nodes: int, events: int
 async def test_readers_spread_the_load_beyond_the_first_providers(
         plugins: pluggy.PluginManager, autojump_clock: trio.testing.MockClock) -> None:
     share = await read_scaling(plugins, nodes=40, events=2000, readers=12, waves=3)
-    assert share <= 0.25, share
+    # If only the 3 holders served, one of them would serve at least a third of the
+    # blocks; readers serving later readers bring it to about 0.2 (0.18-0.22 seen).
+    assert share <= 0.28, share
 
 
 @pytest.mark.sim
