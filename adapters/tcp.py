@@ -633,15 +633,15 @@ class TcpTransport:
     def _check_overdue(self, conn: Connection, now: float) -> None:
         if conn.closed:
             return
+        stalled: tuple[str, str] | None = None
         if conn.frame_started is not None and now - conn.frame_started > self.frame_timeout:
-            reason = f"a frame was not complete within {self.frame_timeout} s"
-            self._counts["stalled_frames"] += 1
-            self._warn_closing(conn, reason)
-            conn.close(reason)
-            return
-        if conn.sending_since is not None and now - conn.sending_since > conn.send_timeout:
-            reason = f"a write took longer than {conn.send_timeout} s (the peer stopped reading)"
-            self._counts["stalled_sends"] += 1
+            stalled = "stalled_frames", f"a frame was not complete within {self.frame_timeout} s"
+        elif conn.sending_since is not None and now - conn.sending_since > conn.send_timeout:
+            stalled = "stalled_sends", (f"a write took longer than {conn.send_timeout} s "
+                                        "(the peer stopped reading)")
+        if stalled is not None:
+            counter, reason = stalled
+            self._counts[counter] += 1
             self._warn_closing(conn, reason)
             conn.close(reason)
             return

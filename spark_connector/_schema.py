@@ -60,7 +60,7 @@ def spark_schema(*, orphans: bool) -> StructType:
 
 HEAD_COLUMNS = frozenset({"criterion", "name", "seq"})
 """Columns the chains' heads alone can give: with ``verify=none`` a read of only
-these reads no events (see :func:`ketten.spark` "Columns")."""
+these reads no events (see :mod:`ketten.spark`, "Columns")."""
 
 
 def declared_columns(schema: StructType, *, orphans: bool) -> pa.Schema | None:
