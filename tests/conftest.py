@@ -16,10 +16,19 @@ import trio
 
 pytest_plugins = ["ketten.testing.fixtures"]
 
-HANG_REPORT_AFTER = float(os.environ.get("KETTEN_TEST_HANG_REPORT", "600"))
-"""Real seconds after which a running test's trio tasks are listed on stderr
-(pytest-timeout ends it at 900 s and prints what it captured; the list says
-where each task waits, which a thread's stack cannot)."""
+HANG_REPORT_AFTER = os.environ.get("KETTEN_TEST_HANG_REPORT")
+"""Real seconds after which a running test's trio tasks are listed on stderr; by
+default two thirds of the test's pytest-timeout (900 s, or its ``timeout`` mark),
+which then ends it with its thread stacks. The list says where each task waits,
+which a thread's stack cannot."""
+
+
+def _report_after(item: pytest.Item) -> float:
+    if HANG_REPORT_AFTER is not None:
+        return float(HANG_REPORT_AFTER)
+    mark = item.get_closest_marker("timeout")
+    limit = mark.args[0] if mark is not None and mark.args else item.config.getoption("timeout")
+    return 2 / 3 * float(limit or 900)
 
 
 @pytest.fixture(scope="session")
@@ -65,6 +74,7 @@ def _terminal_fd(config: pytest.Config) -> int:
 def _hang_report(request: pytest.FixtureRequest) -> Iterator[None]:
     main = threading.get_ident()
     finished = threading.Event()
+    after = _report_after(request.node)
 
     def report(runner: Any, done: threading.Event, out: list[str]) -> None:
         try:
@@ -75,7 +85,7 @@ def _hang_report(request: pytest.FixtureRequest) -> Iterator[None]:
             done.set()
 
     def watch() -> None:
-        if finished.wait(HANG_REPORT_AFTER):
+        if finished.wait(after):
             return
         runner = _runner_of(sys._current_frames().get(main))
         if runner is None:
@@ -84,8 +94,7 @@ def _hang_report(request: pytest.FixtureRequest) -> Iterator[None]:
         runner.entry_queue.run_sync_soon(report, runner, done, out)
         done.wait(30.0)
         text = out[0] if out else "(its tasks could not be listed within 30 s)"
-        message = (f"\n=== {request.node.nodeid}: still running after "
-                   f"{HANG_REPORT_AFTER:.0f} s {text}\n")
+        message = f"\n=== {request.node.nodeid}: still running after {after:.0f} s {text}\n"
         os.write(_terminal_fd(request.config), message.encode(errors="replace"))
 
     threading.Thread(target=watch, name="hang-report", daemon=True).start()
