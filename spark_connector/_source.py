@@ -196,7 +196,7 @@ class KettenReader(DataSourceReader):
         self._columns = columns
         self._pushdown = Pushdown()
 
-    def _from_heads(self) -> bool:
+    def _heads_only(self) -> bool:
         """Whether the rows come from the chains' heads alone (see :func:`_from_heads`)."""
         columns = self._columns
         return (columns is not None and HEAD_COLUMNS.issuperset(columns.names)
@@ -204,7 +204,7 @@ class KettenReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         options = self._options
-        if self._from_heads():
+        if self._heads_only():
             # A row made from a head costs a small part of one read from a store.
             options = attrs.evolve(options, max_events_per_partition=(
                 options.max_events_per_partition * _HEADS_TASK_SCALE))
@@ -217,7 +217,7 @@ class KettenReader(DataSourceReader):
         assert isinstance(partition, KettenPartition)
         names = {k.hex(): v for k, v in
                  {**self._options.names, **(self._pushdown.names or {})}.items()}
-        if self._from_heads():
+        if self._heads_only():
             assert self._columns is not None
             return _from_heads(partition.slices, self._columns, names,
                                self._options.batch_rows * _HEADS_BATCH_SCALE)
