@@ -289,6 +289,27 @@ def test_the_simulation_is_deterministic() -> None:
     assert first != other
 
 
+def test_a_workingnode_has_churn_to_report_only_after_one_whole_interval() -> None:
+    worker = Workingnode(Ref("w:1", name(5, 10)), churn_interval=10.0, started=3.0)
+    worker.on_subscribe(Subscribe(1, Ref("p:1", name(5, 20))), 4.0)
+    worker.tick(12.9)
+    assert not worker.measured and worker.churn == 0
+    worker.tick(13.0)
+    assert worker.measured and worker.churn == 1
+
+
+@pytest.mark.parametrize("mode", ["2", "2s"])
+def test_algorithm_1_waits_for_a_measured_interval(mode: str) -> None:
+    # Within its first interval a workingnode reads churn 0; deciding on that
+    # would make it leave with probability g_lokal / g_gesamt, whatever the churn.
+    config = dict(nodes=32, topics=4, churn_topic=1, warmup=4, interval=30, lookups=1.0,
+                  churn_rate=3.0, seed=3, adaptation=mode)
+    first = PubSubSimulation(SimConfig(rounds=24, **config)).run()  # type: ignore[arg-type]
+    assert (first.inserted, first.removed) == (0, 0)
+    later = PubSubSimulation(SimConfig(rounds=90, **config)).run()  # type: ignore[arg-type]
+    assert later.inserted + later.removed > 0
+
+
 def test_adaptation_makes_work_fairer_under_churn_in_one_topic() -> None:
     config = dict(nodes=48, topics=4, churn_topic=1, rounds=80, warmup=10, lookups=1.0,
                   churn_rate=3.0, interval=10, seed=2)

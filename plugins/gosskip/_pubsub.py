@@ -499,6 +499,12 @@ class Workingnode:
         """The churn measured in the last complete interval (``c_lokal``)."""
         return self._churn_prev
 
+    @property
+    def measured(self) -> bool:
+        """Whether one churn interval is complete: before that :attr:`churn` reads 0
+        for want of a measurement, not for want of churn."""
+        return self._interval_start > self.started
+
     def workers(self) -> tuple[Ref | None, Ref | None]:
         return self._left_worker, self._right_worker
 

@@ -36,6 +36,10 @@ Where the seed is silent, this simulation does the following:
   topic's churn (see :meth:`~._adaptation.GlobalView.decide`).
 * A workingnode that procedure 2 removes hands its pubnodes to its left
   workingnode instead of letting them resubscribe.
+* A workingnode takes part in procedure 2 (samples, answers samples and
+  decides) only after its first complete churn interval: until then it has no
+  ``c_lokal``, and reading 0 would make Algorithm 1 remove it with
+  probability ``g_lokal / g_gesamt``, most often in the topic that grows.
 """
 
 from __future__ import annotations
@@ -130,6 +134,10 @@ class SimResult:
     resubscriptions: int
     dropped: int
     """Messages refused by a core as malformed (none are expected)."""
+    inserted: int = 0
+    """Workingnodes procedure 2 inserted."""
+    removed: int = 0
+    """Workingnodes procedure 2 removed."""
 
 
 @attrs.frozen(eq=False)
@@ -157,6 +165,8 @@ class PubSubSimulation:
     lookups: list[int] = attrs.field(init=False)
     joins: list[int] = attrs.field(init=False)
     dropped: int = attrs.field(default=0, init=False)
+    inserted: int = attrs.field(default=0, init=False)
+    removed: int = attrs.field(default=0, init=False)
     _rng: random.Random = attrs.field(init=False)
     _topics: list[bytes] = attrs.field(init=False)
     _topic_index: dict[bytes, int] = attrs.field(init=False)
@@ -453,12 +463,12 @@ class PubSubSimulation:
         for address in [a for a, p in self._phases.items() if p == phase]:
             worker = self.workers.get(address)
             view = self.views.get(address)
-            if worker is None or view is None:
+            if worker is None or view is None or not worker.measured:
                 continue
             ring = self.rings[address]
             for request in view.requests(ring.height - 1):
                 sampled = self._sample_target(address)
-                if sampled is None:
+                if sampled is None or not self.workers[sampled].measured:
                     continue
                 other = self.workers[sampled]
                 try:
@@ -478,7 +488,9 @@ class PubSubSimulation:
                 member = self._member(self._address("w"), topic)
                 if self._join(member):
                     self.workers[member.peer.address] = self._worker(member)
+                    self.inserted += 1
             elif decision.action == "leave":
+                self.removed += 1
                 self._post(address, worker.leave())
                 del self.workers[address]
                 del self.views[address]
@@ -592,7 +604,8 @@ class PubSubSimulation:
             for i in self._ring_order())
         return SimResult(c, loads, max_difference(load.quotient for load in loads),
                          len(self.workers), len(self.churners),
-                         sum(p.resubscriptions for p in self.pubs.values()), self.dropped)
+                         sum(p.resubscriptions for p in self.pubs.values()), self.dropped,
+                         self.inserted, self.removed)
 
     def _ring_order(self) -> list[int]:
         """Topic indices in the order their areas follow each other on the ring."""

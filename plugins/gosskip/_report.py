@@ -51,13 +51,13 @@ def markdown(results: Sequence[SimResult]) -> str:
         f"churn: {churn}; churn measured over intervals of {first.interval} rounds.",
         "",
         "| adaptation | max difference of fairness quotients | workingnodes | churnnodes "
-        "| resubscriptions |",
-        "|---|---:|---:|---:|---:|",
+        "| resubscriptions | inserted by procedure 2 | removed by procedure 2 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for result in results:
         lines.append(f"| {result.config.adaptation} | {result.max_difference:.4f} "
                      f"| {result.workingnodes} | {result.churnnodes} "
-                     f"| {result.resubscriptions} |")
+                     f"| {result.resubscriptions} | {result.inserted} | {result.removed} |")
     for result in results:
         lines += ["", f"## {_LABELS[result.config.adaptation]}", "",
                   "| topic | pubnodes | nodes | churn | lookup forwards | join forwards "
