@@ -9,7 +9,9 @@ DataFrame, in interleaved rounds: ``count()`` (also with the declared schema
 ``seq long`` and ``verify=none``, answered from the chains' heads),
 ``groupBy(criterion).count()``, ``groupBy(author).count()`` (also with the
 declared schema ``author string``), a full scan (every column materialised,
-``format("noop")``) and a range query on one chain (pushed down). Reports
+``format("noop")``) and a range query on one chain (pushed down); beside the
+range query, the floor of any Python data source: one that hands Spark as
+many constant rows and reads nothing. Reports
 events/s of the best round, the ratio of the best times (Parquet / ketten:
 above 1, ketten is faster) and the median of the rounds' ratios.
 ``--data`` keeps the generated store to reuse it in the next run.
@@ -34,6 +36,31 @@ from ketten.plugins.sqlite_store import SqliteStore
 
 PAYLOAD = 96
 BATCH = 5000
+
+
+def _floor_source(rows: int) -> type:
+    """A Python data source that reads nothing and hands Spark ``rows`` constant seqs:
+    what any Python source pays per query, whatever it reads."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader
+
+    class FloorReader(DataSourceReader):
+        def read(self, partition: object) -> object:
+            import pyarrow as pa
+
+            yield pa.RecordBatch.from_pydict({"seq": list(range(rows))})
+
+    class FloorSource(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "python_floor"
+
+        def schema(self) -> str:
+            return "seq long"
+
+        def reader(self, schema: object) -> DataSourceReader:
+            return FloorReader()
+
+    return FloorSource
 
 
 def _make_chain(job: tuple[int, int, bytes]) -> list[bytes]:
@@ -155,6 +182,11 @@ def main() -> None:
         def ranged(df: object) -> None:
             df.where(in_range).write.format("noop").mode("overwrite").save()  # type: ignore[attr-defined]
 
+        spark.dataSource.register(_floor_source(high - low))
+
+        def floor() -> None:
+            spark.read.format("python_floor").load().write.format("noop").mode("overwrite").save()
+
         # (label, ketten, parquet): each runs its query and returns when Spark is done.
         operations: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
             ("count()", lambda: source.count(), lambda: parquet.count()),  # type: ignore[attr-defined]
@@ -167,6 +199,7 @@ def main() -> None:
             ("full scan", lambda: full_scan(source), lambda: full_scan(parquet)),
             (f"range: 1 chain, {high - low:,} seqs", lambda: ranged(source),
              lambda: ranged(parquet)),
+            ("range floor (3)", floor, lambda: ranged(parquet)),
         ]
         print(f"\n{rows:,} events, Spark local[2], {args.runs} interleaved rounds, "
               f"{'compiled' if COMPILED_DECODER else 'numpy'} decoder")
@@ -185,7 +218,8 @@ def main() -> None:
               "median = median of the rounds' ratios. Default reads have every column and "
               "verify=links.\n(1) schema 'seq long', verify=none: rows from the chains' heads, "
               "no event read. (2) schema 'author string': only that column handed to Spark. "
-              "The range query's events/s count the whole table.")
+              "The range query's events/s count the whole table. (3) a Python source that reads "
+              "nothing and hands Spark as many constant rows as the range query returns.")
     finally:
         spark.stop()
         shutil.rmtree(scratch, ignore_errors=True)
