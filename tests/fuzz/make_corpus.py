@@ -24,6 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import targets
 
 from ketten import Event, Identity, criterion_key
+from ketten._core.car import car_header, car_section
+from ketten._core.chain_car import chain_blocks
+from ketten._core.ipld import cid_from_bytes
 from ketten._core.leases import CursorState, Lease, LeaseTable
 from ketten._core.membership import ChainState
 from ketten._node.rpc import Rpc
@@ -132,6 +135,26 @@ def plugin_seeds(author: Identity, key: bytes) -> None:
     save("subscription", dumps({"op": "merge", "m": {}}))
 
 
+def car_seeds(events: list[Event]) -> None:
+    """The blocks of a chain and its CAR, whole and cut short; ipfs requests about it."""
+    blocks = list(chain_blocks(events))
+    for block in blocks:
+        save("ipld_block", block.data)
+    key, head = events[0].criterion, blocks[-1]
+    for body in ({"op": "provide", "key": key}, {"op": "providers", "key": key},
+                 {"op": "tip", "key": key}, {"op": "tip", "key": key, "seq": 1},
+                 {"op": "put_head", "key": key, "cid": head.binary, "block": head.data},
+                 {"op": "get_head", "key": key},
+                 {"op": "have", "key": key, "root": head.binary, "seq": 1, "stride": 1,
+                  "count": 8},
+                 {"op": "want", "key": key, "root": head.binary, "seq": 1, "count": 8}):
+        save("ipfs_request", dumps(body))
+    car = car_header([cid_from_bytes(blocks[-1].binary)]) + b"".join(
+        car_section(b.binary, b.data) for b in reversed(blocks))
+    save("car", car)
+    save("car", car[:-7])
+
+
 def main() -> None:
     author = Identity.from_seed(b"\x07" * 32)
     key = criterion_key("corpus")
@@ -142,6 +165,7 @@ def main() -> None:
     for event in (genesis, second):
         save("event", event.to_bytes())
         save("cbor", event.to_bytes())
+    car_seeds([genesis, second])
 
     by_class = {cls: i for i, cls in enumerate(targets._MESSAGE_TYPES)}
     services = {cls.SERVICE: cls for cls in targets._MESSAGE_TYPES if hasattr(cls, "SERVICE")}

@@ -9,12 +9,18 @@ a bounded time in CI.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 from types import SimpleNamespace
 from typing import Any
 
+import trio
+
 from ketten import DecodeError, Event, Identity, InvalidEvent, ProtocolError
 from ketten._core import messages
+from ketten._core.car import read_car_header, read_car_sections
+from ketten._core.chain_car import chain_from_car
+from ketten._core.ipld import decode_block
 from ketten._core.leases import CursorState, LeaseTable
 from ketten._core.membership import ChainState, Member
 from ketten._node.feeds import Feeds
@@ -22,7 +28,11 @@ from ketten.adapters._framing import FrameDecoder, parse_frame
 from ketten.adapters._tcp_handshake import Handshake, HandshakeRefused, NetworkParams
 from ketten.errors import StoreCorrupted
 from ketten.interfaces import Peer
-from ketten.plugins import kademlia
+from ketten.plugins import ipfs, kademlia
+from ketten.plugins.ipfs._blocks import Blockstore
+from ketten.plugins.ipfs._heads import HeadRecords
+from ketten.plugins.ipfs._index import ChainIndex
+from ketten.plugins.ipfs._providers import ProviderRecords
 from ketten.plugins import static_overlay as static
 from ketten.plugins.file_store import _format as file_format
 from ketten.plugins.file_store._index import Index, Segment, layout, replay
@@ -223,11 +233,58 @@ def subscription(data: bytes) -> None:
     _served(_SubscriptionBroker()._serve(_PEER, _body(data)))
 
 
+def car(data: bytes) -> None:
+    # A CAR file given to ``ketten car import`` or ``ketten store check``.
+    roots, offset = read_car_header(data)
+    chain_from_car(roots, read_car_sections(data, offset))
+
+
+_EVENT_CID_PREFIX = b"\x01\x71\x12\x20"  # CIDv1, dag-cbor, sha2-256, 32 bytes
+
+
+def ipld_block(data: bytes) -> None:
+    # A block a Bitswap-style peer sent: under the CID of its own bytes, so the
+    # decoder gets past the hash check and reads the content.
+    decode_block(_EVENT_CID_PREFIX + hashlib.sha256(data).digest(), data)
+
+
+class _IpfsServer:
+    """Just what ``IpfsOverlay._serve`` reads: real provider and head records, a real
+    chain index and blockstore (empty), a store that holds no events."""
+
+    _serve = ipfs.IpfsOverlay._serve
+    _tip = ipfs.IpfsOverlay._tip
+    _want = ipfs.IpfsOverlay._want
+
+    def __init__(self) -> None:
+        self._records = ProviderRecords(ttl=60.0)
+        self._heads = HeadRecords(ttl=60.0)
+        self._index = ChainIndex()
+        self._blocks = Blockstore(max_bytes=1 << 20)
+        self._counts = {"blocks_served": 0}
+        self._node = SimpleNamespace(store=SimpleNamespace(range=self._no_events))
+
+    @staticmethod
+    async def _no_events(key: bytes, start: int, stop: int) -> list[Event]:
+        return []
+
+    async def _indexed(self, key: bytes) -> None:
+        return None
+
+
+def ipfs_request(data: bytes) -> None:
+    # A request to the "ipfs" service (provide, providers, tip, put_head,
+    # get_head, have, want); a head block carried in put_head is decoded too.
+    body = _body(data)
+    trio.run(_IpfsServer()._serve, _PEER, body)
+
+
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "frames": frames, "cbor": cbor, "event": event, "message": message,
     "handshake": handshake, "stored_state": stored_state, "file_records": file_records,
     "kad": kad, "static_hello": static_hello, "gosskip_message": gosskip_message,
-    "subscription": subscription,
+    "subscription": subscription, "car": car, "ipld_block": ipld_block,
+    "ipfs_request": ipfs_request,
 }
 ALLOWED: dict[str, tuple[type[BaseException], ...]] = {
     "frames": (DecodeError,), "cbor": (DecodeError,), "event": (DecodeError, InvalidEvent),
@@ -236,6 +293,8 @@ ALLOWED: dict[str, tuple[type[BaseException], ...]] = {
     "kad": (DecodeError, ProtocolError), "static_hello": (DecodeError, ProtocolError),
     "gosskip_message": (DecodeError, ProtocolError),
     "subscription": (DecodeError, ProtocolError),
+    "car": (DecodeError, InvalidEvent), "ipld_block": (DecodeError,),
+    "ipfs_request": (DecodeError, InvalidEvent, ProtocolError),
 }
 
 
