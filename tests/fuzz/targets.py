@@ -29,14 +29,14 @@ from ketten.adapters._tcp_handshake import Handshake, HandshakeRefused, NetworkP
 from ketten.errors import StoreCorrupted
 from ketten.interfaces import Peer
 from ketten.plugins import ipfs, kademlia
-from ketten.plugins.ipfs._blocks import Blockstore
-from ketten.plugins.ipfs._heads import HeadRecords
-from ketten.plugins.ipfs._index import ChainIndex
-from ketten.plugins.ipfs._providers import ProviderRecords
 from ketten.plugins import static_overlay as static
 from ketten.plugins.file_store import _format as file_format
 from ketten.plugins.file_store._index import Index, Segment, layout, replay
 from ketten.plugins.gosskip import _messages as gosskip
+from ketten.plugins.ipfs._blocks import Blockstore
+from ketten.plugins.ipfs._heads import HeadRecords
+from ketten.plugins.ipfs._index import ChainIndex
+from ketten.plugins.ipfs._providers import ProviderRecords
 from ketten.wire import decode_message, loads
 
 _HANDSHAKE_ID = Identity.from_seed(b"\x05" * 32)
