@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import urllib.parse
 from collections.abc import Mapping
 
 import attrs
@@ -17,6 +18,21 @@ __all__ = ["DEFAULT_BATCH_ROWS", "DEFAULT_PARTITION_EVENTS", "ReadOptions", "pee
 
 DEFAULT_PARTITION_EVENTS = 250_000
 DEFAULT_BATCH_ROWS = 8192
+
+_TABLE_PROPERTIES = frozenset({"location", "is_managed_location", "external", "comment",
+                               "provider", "owner", "table_type", "collation"})
+"""What Spark's catalog adds to the options of a table (``CREATE TABLE ... USING
+ketten``): not ours to refuse. An external table's ``location`` is its store
+directory when no ``path``, ``paths`` or ``peers`` option names one."""
+
+def _local_path(location: str) -> str:
+    """A location as Spark gives a table's (``file:/dir``) as a path; plain paths
+    and other schemes are kept (the store check names what does not exist)."""
+    parsed = urllib.parse.urlparse(location)
+    if parsed.scheme == "file":
+        return urllib.parse.unquote(parsed.path)
+    return location
+
 
 _KNOWN = {
     "path": "store directory",
@@ -135,6 +151,10 @@ class ReadOptions:
         Raises :class:`~ketten.errors.UsageError` naming the bad option.
         """
         given = {str(k).lower(): str(v) for k, v in options.items()}
+        table = {k: given.pop(k) for k in _TABLE_PROPERTIES if k in given}
+        if table.get("external", "").lower() == "true" and "location" in table and not (
+                {"path", "paths", "peers"} & set(given)):
+            given["path"] = _local_path(table["location"])  # CREATE TABLE ... LOCATION '...'
         unknown = sorted(set(given) - set(_KNOWN))
         if unknown:
             raise UsageError(
@@ -146,7 +166,14 @@ class ReadOptions:
             paths += _split_list("path", given["path"])
         if "paths" in given:
             paths += _split_list("paths", given["paths"])
+        paths = tuple(_local_path(p) for p in paths)
         peers = _split_list("peers", given["peers"]) if "peers" in given else ()
+        if not options:
+            raise UsageError(
+                "the ketten source was given no options at all. Spark (pyspark 4.3) gives a "
+                "Python data source none when it reads a table made by CREATE TABLE ... USING "
+                "ketten; define it as CREATE TEMPORARY VIEW name USING ketten OPTIONS (path "
+                "'...') instead, or read it with spark.read.format('ketten')")
         if not paths and not peers:
             raise UsageError("the ketten source needs the option path, paths or peers")
         keys: set[bytes] | None = None

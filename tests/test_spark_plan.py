@@ -45,6 +45,19 @@ def test_options_are_case_insensitive_and_checked() -> None:
             ReadOptions.parse(bad)
 
 
+def test_a_catalog_tables_properties_are_taken_and_no_options_are_explained() -> None:
+    # What CREATE TABLE ... USING ketten OPTIONS (path '/a b') hands the source.
+    table = {"owner": "root", "provider": "ketten", "location": "file:/a%20b",
+             "path": "file:/a%20b"}
+    assert ReadOptions.parse(table).paths == ("/a b",)
+    external = {"location": "file:/c", "external": "true", "comment": "events"}
+    assert ReadOptions.parse(external).paths == ("/c",)  # ... USING ketten LOCATION '/c'
+    with pytest.raises(UsageError, match="unknown option"):
+        ReadOptions.parse({"location": "file:/c", "pth": "x"})
+    with pytest.raises(UsageError, match="CREATE TEMPORARY VIEW"):
+        ReadOptions.parse({})  # what pyspark 4.3 hands it when such a table is read
+
+
 def test_pushdown_keeps_only_what_it_applies_exactly() -> None:
     d = datasource
     key = "ab" * 32
