@@ -42,6 +42,9 @@ class Pushdown:
     """Exclusive upper bound on ``seq``, or ``None``."""
     names: Mapping[bytes, str] | None = None
     """Allowed values of the ``name`` column, by key, or ``None`` for any."""
+    authors: frozenset[str] | None = None
+    """Allowed values of the ``author`` column, or ``None`` for any (applied to the
+    rows read, before Spark gets them: stores keep no index by author)."""
 
     def allows(self, criterion: bytes) -> bool:
         return ((self.criteria is None or criterion.hex() in self.criteria)
@@ -64,10 +67,10 @@ def _criterion_values(values: frozenset[str]) -> frozenset[str]:
 def push_filters(filters: Iterable[Any]) -> tuple[Pushdown, list[Any]]:
     """Split Spark filters into what the source applies and what Spark must apply.
 
-    Accepted: ``=`` and ``IN`` on ``criterion`` and on ``name`` (string
-    equality; a name selects the chain of its key, whose rows then carry it),
-    comparisons on ``seq`` (integer bounds), and ``IS NOT NULL`` on
-    ``criterion`` or ``seq`` (never null). Everything else is returned, in
+    Accepted: ``=`` and ``IN`` on ``criterion``, on ``name`` (string
+    equality; a name selects the chain of its key, whose rows then carry it)
+    and on ``author``, comparisons on ``seq`` (integer bounds), and ``IS NOT
+    NULL`` on ``criterion``, ``seq`` or ``author`` (never null). Everything else is returned, in
     order, for Spark to evaluate. Raises :class:`~ketten.errors.UsageError`
     for a ``criterion`` value that is not a key (it could match nothing).
     """
@@ -86,6 +89,7 @@ def push_filters(filters: Iterable[Any]) -> tuple[Pushdown, list[Any]]:
         return Pushdown(), list(filters)
     criteria: frozenset[str] | None = None
     names: dict[bytes, str] | None = None
+    authors: frozenset[str] | None = None
     lo: int = 0
     hi: int | None = None
     rejected: list[Any] = []
@@ -117,6 +121,17 @@ def push_filters(filters: Iterable[Any]) -> tuple[Pushdown, list[Any]]:
                 rejected.append(f)
                 continue
             names = named if names is None else {k: v for k, v in named.items() if k in names}
+        elif column == ("author",):
+            if isinstance(f, EqualTo | EqualNullSafe) and isinstance(f.value, str):
+                chosen = frozenset([f.value])
+            elif isinstance(f, In) and all(isinstance(v, str) or v is None for v in f.value):
+                chosen = frozenset(v for v in f.value if v is not None)
+            elif isinstance(f, IsNotNull):
+                continue
+            else:
+                rejected.append(f)
+                continue
+            authors = chosen if authors is None else authors & chosen
         elif column == ("seq",):
             if isinstance(f, IsNotNull):
                 continue
@@ -140,7 +155,7 @@ def push_filters(filters: Iterable[Any]) -> tuple[Pushdown, list[Any]]:
             rejected.append(f)
     if hi is not None:
         hi = max(hi, 0)
-    return Pushdown(criteria, lo, hi, names), rejected
+    return Pushdown(criteria, lo, hi, names, authors), rejected
 
 
 @attrs.frozen

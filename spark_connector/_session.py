@@ -19,7 +19,7 @@ _PUSHDOWN = "spark.sql.python.filterPushdown.enabled"
 def register(spark: SparkSession) -> None:
     """Make ``format("ketten")`` and ``USING ketten`` available in ``spark``.
 
-    Filters on ``criterion``, ``name`` and ``seq`` are pushed into the source
+    Filters on ``criterion``, ``name``, ``author`` and ``seq`` are pushed into the source
     when ``spark.sql.python.filterPushdown.enabled`` is true at registration
     (Spark rejects pushdown-capable Python readers otherwise; :func:`local_session`
     sets it); a filter on ``name`` can only be answered that way, since stored

@@ -8,6 +8,7 @@ from typing import Any
 import attrs
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -94,6 +95,20 @@ def _selected(batches: Iterator[pa.RecordBatch],
     for batch in batches:
         yield pa.RecordBatch.from_arrays([batch.column(f.name) for f in columns],
                                          schema=columns)
+
+
+def _authored(batches: Iterator[pa.RecordBatch],
+              authors: frozenset[str] | None) -> Iterator[pa.RecordBatch]:
+    """Each batch with only the rows whose ``author`` is one of ``authors``
+    (``None``: every row); batches left empty are dropped."""
+    if authors is None:
+        yield from batches
+        return
+    allowed = pa.array(sorted(authors), pa.string())
+    for batch in batches:
+        kept = batch.filter(pc.is_in(batch.column("author"), value_set=allowed))
+        if kept.num_rows:
+            yield kept
 
 
 def _from_heads(slices: tuple[Slice, ...], columns: pa.Schema,
@@ -200,7 +215,8 @@ class KettenReader(DataSourceReader):
         """Whether the rows come from the chains' heads alone (see :func:`_from_heads`)."""
         columns = self._columns
         return (columns is not None and HEAD_COLUMNS.issuperset(columns.names)
-                and self._options.verify is Verify.NONE and not self._options.include_orphans)
+                and self._options.verify is Verify.NONE and not self._options.include_orphans
+                and self._pushdown.authors is None)
 
     def partitions(self) -> Sequence[InputPartition]:
         options = self._options
@@ -221,8 +237,8 @@ class KettenReader(DataSourceReader):
             assert self._columns is not None
             return _from_heads(partition.slices, self._columns, names,
                                self._options.batch_rows * _HEADS_BATCH_SCALE)
-        return _selected(_named(read_slices(partition.slices, self._options), names),
-                         self._columns)
+        return _selected(_authored(_named(read_slices(partition.slices, self._options), names),
+                                   self._pushdown.authors), self._columns)
 
 
 class KettenPushdownReader(KettenReader):

@@ -342,9 +342,14 @@ def test_filter_pushdown_returns_the_same_rows_as_without_it(spark: Any, tmp_pat
         return rows_of(df)
 
     try:
+        authors = sorted({r[4] for r in collect("seq >= 0", False)})
+        queries += [f"author = '{authors[0]}' AND seq > 1",
+                    f"author IN ('{authors[0]}', '{'0' * 64}') AND criterion = sha2('y', 256)",
+                    f"author = upper('{authors[0]}')", f"author = '{authors[0]}' AND seq > 100"]
         for condition in queries:
             assert collect(condition, True) == collect(condition, False), condition
         assert [r[1] for r in collect(queries[0], True)] == [3, 4, 5, 6, 7, 8]
+        assert len(collect(queries[-4], True)) == 22 - 2 * 3  # one writer: every chain
     finally:
         spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
         register(spark)

@@ -67,7 +67,12 @@ def test_pushdown_keeps_only_what_it_applies_exactly() -> None:
                d.In(("seq",), (1, 2)), d.GreaterThan(("seq",), 2.5)]
     pushed, rejected = push_filters(filters)
     assert (pushed.criteria, pushed.seq_lo, pushed.seq_hi) == (frozenset({key}), 3, 8)
-    assert rejected == [filters[5], filters[6], filters[7]]
+    assert pushed.authors == frozenset({key})
+    assert rejected == [filters[6], filters[7]]
+    pushed, rejected = push_filters([d.In(("author",), ("a", "b", None)),
+                                     d.EqualTo(("author",), "b"), d.IsNotNull(("author",)),
+                                     d.GreaterThan(("author",), "a")])
+    assert pushed.authors == frozenset({"b"}) and len(rejected) == 1
     a, b, c = ("0a" * 32, "0b" * 32, "0c" * 32)
     pushed, _ = push_filters([d.In(("criterion",), (a, b)), d.EqualTo(("criterion",), c),
                               d.LessThan(("seq",), -4)])
