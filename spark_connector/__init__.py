@@ -112,11 +112,12 @@ option                     default      meaning
 ``puzzleDifficulty``       0            the network's id-puzzle difficulty
 =========================  ===========  ==================================================
 
-Filters on ``criterion``, ``name`` and ``author`` (``=``, ``IN``) and ``seq``
-(``=``, ``<``, ``<=``, ``>``, ``>=``) are pushed into the source and applied
-exactly: only the chains and seq ranges asked for are read, and only the
-rows of the authors asked for reach Spark (stores keep no index by author,
-so their chains are still read) (Spark 4.1+ with
+Filters on ``criterion``, ``name`` and ``author`` (``=``, ``IN``) and on
+``seq`` and ``time`` (``=``, ``<``, ``<=``, ``>``, ``>=``) are pushed into the
+source and applied exactly: only the chains and seq ranges asked for are
+read, and only the rows of the authors and times asked for reach Spark
+(stores keep no index by author or time, so their chains are still read)
+(Spark 4.1+ with
 ``spark.sql.python.filterPushdown.enabled``, which :func:`local_session`
 sets; see :func:`register` for a Spark issue with reused DataFrames).
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import logging
 import re
@@ -45,6 +46,17 @@ class Pushdown:
     authors: frozenset[str] | None = None
     """Allowed values of the ``author`` column, or ``None`` for any (applied to the
     rows read, before Spark gets them: stores keep no index by author)."""
+    time_lo: int | None = None
+    """Inclusive lower bound on ``time`` in microseconds since the epoch, or ``None``."""
+    time_hi: int | None = None
+    """Exclusive upper bound on ``time`` in microseconds since the epoch, or ``None``
+    (rows are filtered as for ``authors``; a row without a time never passes a bound)."""
+
+    @property
+    def filters_rows(self) -> bool:
+        """Whether rows of the chains read are filtered (by author or time)."""
+        return (self.authors is not None or self.time_lo is not None
+                or self.time_hi is not None)
 
     def allows(self, criterion: bytes) -> bool:
         return ((self.criteria is None or criterion.hex() in self.criteria)
@@ -69,8 +81,9 @@ def push_filters(filters: Iterable[Any]) -> tuple[Pushdown, list[Any]]:
 
     Accepted: ``=`` and ``IN`` on ``criterion``, on ``name`` (string
     equality; a name selects the chain of its key, whose rows then carry it)
-    and on ``author``, comparisons on ``seq`` (integer bounds), and ``IS NOT
-    NULL`` on ``criterion``, ``seq`` or ``author`` (never null). Everything else is returned, in
+    and on ``author``, comparisons on ``seq`` (integer bounds) and on ``time``
+    (timezone-aware datetimes, as Spark hands them), and ``IS NOT NULL`` on
+    ``criterion``, ``seq`` or ``author`` (never null). Everything else is returned, in
     order, for Spark to evaluate. Raises :class:`~ketten.errors.UsageError`
     for a ``criterion`` value that is not a key (it could match nothing).
     """
@@ -90,6 +103,8 @@ def push_filters(filters: Iterable[Any]) -> tuple[Pushdown, list[Any]]:
     criteria: frozenset[str] | None = None
     names: dict[bytes, str] | None = None
     authors: frozenset[str] | None = None
+    time_lo: int | None = None
+    time_hi: int | None = None
     lo: int = 0
     hi: int | None = None
     rejected: list[Any] = []
@@ -132,6 +147,19 @@ def push_filters(filters: Iterable[Any]) -> tuple[Pushdown, list[Any]]:
                 rejected.append(f)
                 continue
             authors = chosen if authors is None else authors & chosen
+        elif column == ("time",):
+            micros = _micros(getattr(f, "value", None))
+            if micros is None or not isinstance(f, EqualTo | EqualNullSafe | GreaterThan
+                                                 | GreaterThanOrEqual | LessThan
+                                                 | LessThanOrEqual):
+                rejected.append(f)
+                continue
+            if not isinstance(f, LessThan | LessThanOrEqual):
+                low = micros + 1 if isinstance(f, GreaterThan) else micros
+                time_lo = low if time_lo is None else max(time_lo, low)
+            if not isinstance(f, GreaterThan | GreaterThanOrEqual):
+                high = micros if isinstance(f, LessThan) else micros + 1
+                time_hi = high if time_hi is None else min(time_hi, high)
         elif column == ("seq",):
             if isinstance(f, IsNotNull):
                 continue
@@ -155,7 +183,18 @@ def push_filters(filters: Iterable[Any]) -> tuple[Pushdown, list[Any]]:
             rejected.append(f)
     if hi is not None:
         hi = max(hi, 0)
-    return Pushdown(criteria, lo, hi, names, authors), rejected
+    return Pushdown(criteria, lo, hi, names, authors, time_lo, time_hi), rejected
+
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+def _micros(value: Any) -> int | None:
+    """Microseconds since the epoch of a timezone-aware datetime, exactly; ``None``
+    for anything else (a naive one has no instant to compare with)."""
+    if not isinstance(value, datetime.datetime) or value.utcoffset() is None:
+        return None
+    return (value - _EPOCH) // datetime.timedelta(microseconds=1)
 
 
 @attrs.frozen

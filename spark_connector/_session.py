@@ -19,8 +19,8 @@ _PUSHDOWN = "spark.sql.python.filterPushdown.enabled"
 def register(spark: SparkSession) -> None:
     """Make ``format("ketten")`` and ``USING ketten`` available in ``spark``.
 
-    Filters on ``criterion``, ``name``, ``author`` and ``seq`` are pushed into the source
-    when ``spark.sql.python.filterPushdown.enabled`` is true at registration
+    Filters on ``criterion``, ``name``, ``author``, ``seq`` and ``time`` are pushed
+    into the source when ``spark.sql.python.filterPushdown.enabled`` is true at registration
     (Spark rejects pushdown-capable Python readers otherwise; :func:`local_session`
     sets it); a filter on ``name`` can only be answered that way, since stored
     events carry only keys. Register again after changing that setting.

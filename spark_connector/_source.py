@@ -97,16 +97,29 @@ def _selected(batches: Iterator[pa.RecordBatch],
                                          schema=columns)
 
 
-def _authored(batches: Iterator[pa.RecordBatch],
-              authors: frozenset[str] | None) -> Iterator[pa.RecordBatch]:
-    """Each batch with only the rows whose ``author`` is one of ``authors``
-    (``None``: every row); batches left empty are dropped."""
-    if authors is None:
+def _filtered(batches: Iterator[pa.RecordBatch],
+              pushdown: Pushdown) -> Iterator[pa.RecordBatch]:
+    """Each batch with only the rows the pushed author and time filters let through;
+    batches left empty are dropped."""
+    if not pushdown.filters_rows:
         yield from batches
         return
-    allowed = pa.array(sorted(authors), pa.string())
+    allowed = (None if pushdown.authors is None
+               else pa.array(sorted(pushdown.authors), pa.string()))
     for batch in batches:
-        kept = batch.filter(pc.is_in(batch.column("author"), value_set=allowed))
+        masks = []
+        if allowed is not None:
+            masks.append(pc.is_in(batch.column("author"), value_set=allowed))
+        if pushdown.time_lo is not None or pushdown.time_hi is not None:
+            micros = batch.column("time").cast(pa.int64())
+            if pushdown.time_lo is not None:
+                masks.append(pc.greater_equal(micros, pushdown.time_lo))
+            if pushdown.time_hi is not None:
+                masks.append(pc.less(micros, pushdown.time_hi))
+        mask = masks[0]
+        for more in masks[1:]:
+            mask = pc.and_kleene(mask, more)
+        kept = batch.filter(mask)  # a null (no time) does not pass
         if kept.num_rows:
             yield kept
 
@@ -216,7 +229,7 @@ class KettenReader(DataSourceReader):
         columns = self._columns
         return (columns is not None and HEAD_COLUMNS.issuperset(columns.names)
                 and self._options.verify is Verify.NONE and not self._options.include_orphans
-                and self._pushdown.authors is None)
+                and not self._pushdown.filters_rows)
 
     def partitions(self) -> Sequence[InputPartition]:
         options = self._options
@@ -237,8 +250,8 @@ class KettenReader(DataSourceReader):
             assert self._columns is not None
             return _from_heads(partition.slices, self._columns, names,
                                self._options.batch_rows * _HEADS_BATCH_SCALE)
-        return _selected(_authored(_named(read_slices(partition.slices, self._options), names),
-                                   self._pushdown.authors), self._columns)
+        return _selected(_filtered(_named(read_slices(partition.slices, self._options), names),
+                                   self._pushdown), self._columns)
 
 
 class KettenPushdownReader(KettenReader):

@@ -346,10 +346,21 @@ def test_filter_pushdown_returns_the_same_rows_as_without_it(spark: Any, tmp_pat
         queries += [f"author = '{authors[0]}' AND seq > 1",
                     f"author IN ('{authors[0]}', '{'0' * 64}') AND criterion = sha2('y', 256)",
                     f"author = upper('{authors[0]}')", f"author = '{authors[0]}' AND seq > 100"]
+        micros = sorted(r["m"] for r in spark.read.format("ketten").option("path", node).load()
+                        .selectExpr("unix_micros(time) AS m").collect())
+        middle = micros[len(micros) // 2]
+        queries += [f"time >= timestamp_micros({middle})",
+                    f"time < timestamp_micros({middle}) AND seq > 2",
+                    f"time = timestamp_micros({middle})",
+                    f"time > timestamp_micros({middle + 1}) AND author = '{authors[0]}'",
+                    f"time <= timestamp_micros({micros[0] - 1})"]
         for condition in queries:
             assert collect(condition, True) == collect(condition, False), condition
         assert [r[1] for r in collect(queries[0], True)] == [3, 4, 5, 6, 7, 8]
-        assert len(collect(queries[-4], True)) == 22 - 2 * 3  # one writer: every chain
+        assert len(collect(queries[-9], True)) == 22 - 2 * 3  # one writer: every chain
+        assert collect(queries[-1], True) == []
+        assert len(collect(queries[-5], True)) + len(collect(f"time < timestamp_micros({middle})",
+                                                             True)) == 22
     finally:
         spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
         register(spark)

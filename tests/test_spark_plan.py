@@ -3,11 +3,13 @@ and reading live peers over real TCP."""
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import os
 import shutil
 import sysconfig
 import threading
+import zoneinfo
 
 import hypothesis
 import hypothesis.strategies as st
@@ -73,6 +75,16 @@ def test_pushdown_keeps_only_what_it_applies_exactly() -> None:
                                      d.EqualTo(("author",), "b"), d.IsNotNull(("author",)),
                                      d.GreaterThan(("author",), "a")])
     assert pushed.authors == frozenset({"b"}) and len(rejected) == 1
+    utc, berlin = datetime.UTC, zoneinfo.ZoneInfo("Europe/Berlin")
+    t = datetime.datetime(2026, 1, 1, 0, 0, 0, 1000, tzinfo=utc)
+    micros = 1_767_225_600_001_000
+    pushed, rejected = push_filters([d.GreaterThan(("time",), t), d.LessThanOrEqual(
+        ("time",), t.astimezone(berlin) + datetime.timedelta(seconds=1)),
+        d.GreaterThanOrEqual(("time",), t.replace(tzinfo=None)), d.IsNotNull(("time",))])
+    assert (pushed.time_lo, pushed.time_hi) == (micros + 1, micros + 1_000_001)
+    assert len(rejected) == 2 and pushed.filters_rows  # naive datetime, IS NOT NULL
+    pushed, _ = push_filters([d.EqualTo(("time",), t), d.LessThan(("time",), t)])
+    assert (pushed.time_lo, pushed.time_hi) == (micros, micros)  # nothing passes
     a, b, c = ("0a" * 32, "0b" * 32, "0c" * 32)
     pushed, _ = push_filters([d.In(("criterion",), (a, b)), d.EqualTo(("criterion",), c),
                               d.LessThan(("seq",), -4)])
