@@ -9,7 +9,8 @@ DataFrame, in interleaved rounds: ``count()`` (also with the declared schema
 ``seq long`` and ``verify=none``, answered from the chains' heads),
 ``groupBy(criterion).count()``, ``groupBy(author).count()`` (also with the
 declared schema ``author string``), a full scan (every column materialised,
-``format("noop")``) and a range query on one chain (pushed down); beside the
+``format("noop")``), one author's events (pushed down) and a range query on
+one chain (pushed down); beside the
 range query, the floor of any Python data source: one that hands Spark as
 many constant rows and reads nothing. Reports
 events/s of the best round, the ratio of the best times (Parquet / ketten:
@@ -182,6 +183,12 @@ def main() -> None:
         def ranged(df: object) -> None:
             df.where(in_range).write.format("noop").mode("overwrite").save()  # type: ignore[attr-defined]
 
+        writer = parquet.select("author").first()[0]  # type: ignore[attr-defined]
+
+        def by_one_author(df: object) -> None:
+            (df.where(f"author = '{writer}'")  # type: ignore[attr-defined]
+             .write.format("noop").mode("overwrite").save())
+
         spark.dataSource.register(_floor_source(high - low))
 
         def floor() -> None:
@@ -200,6 +207,8 @@ def main() -> None:
             (f"range: 1 chain, {high - low:,} seqs", lambda: ranged(source),
              lambda: ranged(parquet)),
             ("range floor (3)", floor, lambda: ranged(parquet)),
+            ("author = one of 3 (4)", lambda: by_one_author(source),
+             lambda: by_one_author(parquet)),
         ]
         print(f"\n{rows:,} events, Spark local[2], {args.runs} interleaved rounds, "
               f"{'compiled' if COMPILED_DECODER else 'numpy'} decoder")
@@ -219,7 +228,8 @@ def main() -> None:
               "verify=links.\n(1) schema 'seq long', verify=none: rows from the chains' heads, "
               "no event read. (2) schema 'author string': only that column handed to Spark. "
               "The range query's events/s count the whole table. (3) a Python source that reads "
-              "nothing and hands Spark as many constant rows as the range query returns.")
+              "nothing and hands Spark as many constant rows as the range query returns. (4) every "
+              "column of one author's events (pushed down: filtered before Spark gets them).")
     finally:
         spark.stop()
         shutil.rmtree(scratch, ignore_errors=True)
