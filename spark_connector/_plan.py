@@ -109,6 +109,15 @@ def push_filters(filters: Iterable[Any]) -> tuple[Pushdown, list[Any]]:
     hi: int | None = None
     rejected: list[Any] = []
 
+    def strings(f: Any) -> frozenset[str] | None:
+        """The strings an ``=`` or ``IN`` filter of strings allows (a null in ``IN``
+        matches nothing); ``None`` for any other filter."""
+        if isinstance(f, EqualTo | EqualNullSafe) and isinstance(f.value, str):
+            return frozenset([f.value])
+        if isinstance(f, In) and all(isinstance(v, str) or v is None for v in f.value):
+            return frozenset(v for v in f.value if v is not None)
+        return None
+
     def cap(bound: int) -> None:
         nonlocal hi
         hi = bound if hi is None else min(hi, bound)
@@ -116,35 +125,25 @@ def push_filters(filters: Iterable[Any]) -> tuple[Pushdown, list[Any]]:
     for f in filters:
         column = getattr(f, "attribute", None)
         if column == ("criterion",):
-            if isinstance(f, EqualTo | EqualNullSafe) and isinstance(f.value, str):
-                values = frozenset([f.value])
-            elif isinstance(f, In) and all(isinstance(v, str) or v is None for v in f.value):
-                values = frozenset(v for v in f.value if v is not None)
-            elif isinstance(f, IsNotNull):
-                continue
-            else:
-                rejected.append(f)
+            values = strings(f)
+            if values is None:
+                if not isinstance(f, IsNotNull):
+                    rejected.append(f)
                 continue
             values = _criterion_values(values)
             criteria = values if criteria is None else criteria & values
         elif column == ("name",):
-            if isinstance(f, EqualTo | EqualNullSafe) and isinstance(f.value, str):
-                named = {criterion_key(f.value): f.value}
-            elif isinstance(f, In) and all(isinstance(v, str) or v is None for v in f.value):
-                named = {criterion_key(v): v for v in f.value if v is not None}
-            else:
+            chosen = strings(f)
+            if chosen is None:
                 rejected.append(f)
                 continue
+            named = {criterion_key(v): v for v in chosen}
             names = named if names is None else {k: v for k, v in named.items() if k in names}
         elif column == ("author",):
-            if isinstance(f, EqualTo | EqualNullSafe) and isinstance(f.value, str):
-                chosen = frozenset([f.value])
-            elif isinstance(f, In) and all(isinstance(v, str) or v is None for v in f.value):
-                chosen = frozenset(v for v in f.value if v is not None)
-            elif isinstance(f, IsNotNull):
-                continue
-            else:
-                rejected.append(f)
+            chosen = strings(f)
+            if chosen is None:
+                if not isinstance(f, IsNotNull):
+                    rejected.append(f)
                 continue
             authors = chosen if authors is None else authors & chosen
         elif column == ("time",):
