@@ -179,11 +179,18 @@ class Event:
         return signed_part(self._raw)
 
     def verify(self) -> None:
-        """Check the signature. Raises :class:`~ketten.errors.InvalidSignature`."""
+        """Check the signature. Raises :class:`~ketten.errors.InvalidSignature`.
+
+        An event is immutable, so a signature that verified once is not checked
+        again on the same object.
+        """
+        if self.__dict__.get("_verified"):
+            return
         if not verify_signature(self.author, self.sig, self.signed_bytes()):
             raise InvalidSignature(
                 f"event seq {self.seq} of {self.criterion.hex()[:16]}: signature does not verify"
             )
+        self.__dict__["_verified"] = True
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Event):

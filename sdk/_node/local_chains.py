@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 
 import attrs
 import trio
@@ -36,8 +37,20 @@ __all__ = ["STATE_PREFIX", "GroupCommit", "LocalChains"]
 STATE_PREFIX = "ketten/chain/"
 _MAX_CACHED = 1 << 16
 _PAGE = 256
+_THREADED_RUN = 64
+"""Runs at least this long have their signatures checked on worker threads (when the
+node has any): below it, handing the work over costs more than it saves."""
 
 Appended = Callable[[Sequence[Event]], None]
+
+
+def _mark_verified(events: Sequence[Event]) -> None:
+    """Check each signature (on a worker thread); a bad one is left for ``check_run``."""
+    for event in events:
+        try:
+            event.verify()
+        except InvalidEvent:
+            pass
 Orphaned = Callable[[bytes, Sequence[Event], Event | None], None]
 
 
@@ -153,6 +166,9 @@ class LocalChains:
     max_event_size: int
     replicated: Callable[[bytes], bool] = lambda criterion: False
     """Is this chain replicated here? Then only its leader's appends change it."""
+    verify_threads: int = 0
+    """Worker threads that check the signatures of long runs (0: on the event loop).
+    Ed25519 checks release the GIL, so they use the other cores."""
     _locks: dict[bytes, _Lock] = attrs.field(factory=dict, init=False)
     _heads: dict[bytes, Event | None] = attrs.field(factory=dict, init=False)
     _policies: dict[bytes, WriterPolicy] = attrs.field(factory=dict, init=False)
@@ -319,12 +335,25 @@ class LocalChains:
             return
         # The policy is read only when the run does not start with the genesis.
         policy = None if events[0].seq == 0 else await self.policy(criterion) or WriterPolicy()
+        if signatures and self.verify_threads > 0 and len(events) >= _THREADED_RUN:
+            await self._check_signatures(events)
         try:
             check_run(criterion, prev, events, policy=policy,
                       verify=Verify.FULL if signatures else Verify.LINKS)
         except InvalidEvent:
             self._counts["invalid_events"] += 1
             raise
+
+    async def _check_signatures(self, events: Sequence[Event]) -> None:
+        """Check the signatures of ``events`` on worker threads, marking those that
+        verify; ``check_run`` then checks the rest of the rules in order and reports the
+        first bad event exactly as without threads."""
+        parts = min(self.verify_threads, len(events) // (_THREADED_RUN // 2))
+        size = -(-len(events) // parts)
+        async with trio.open_nursery() as nursery:
+            for start in range(0, len(events), size):
+                nursery.start_soon(partial(trio.to_thread.run_sync, _mark_verified,
+                                           events[start:start + size]))
 
     # -- writing -------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ the public methods. No part holds a reference to the node.
 from __future__ import annotations
 
 import functools
+import os
 import random
 import time as _time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -120,7 +121,12 @@ class Node:
     def _wire(self) -> None:
         """Build the parts once the plugins exist."""
         config = self.config
-        chains = self._chains = LocalChains(self.store, config.max_event_size)
+        threads = self._options.verify_threads
+        if threads is None:
+            cores = os.cpu_count() or 1
+            threads = 0 if config.transport == "memory" or cores < 2 else min(cores, 4)
+        chains = self._chains = LocalChains(self.store, config.max_event_size,
+                                            verify_threads=threads)
         replicator: Replicator | None = None
 
         def local_route(criterion: bytes) -> Any:

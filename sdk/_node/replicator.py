@@ -155,6 +155,11 @@ class ReplicationOptions:
     """Events this node keeps in copies of chains it does not replicate (what reads,
     syncs and subscriptions stored here); beyond that the least recently used
     copies are dropped, except pinned ones and those with a subscription open."""
+    verify_threads: int | None = None
+    """Worker threads that check the signatures of long runs of received events
+    (catch-up, reads, subscriptions); 0: on the event loop. ``None``: as many as
+    cores, up to 4, except on the simulated ``memory`` network, whose virtual time
+    a worker thread would break."""
     request_timeout: float = 5.0
     batch_bytes: int = 1 << 20
     time: Callable[[], int] | None = None
@@ -163,7 +168,8 @@ class ReplicationOptions:
                        "commit_notice",
                        "catch_up_limit", "creation_memory", "allow_recovery",
                        "creations_per_second", "creation_burst", "author_bytes_per_second",
-                       "author_bytes_burst", "max_publishing", "copies_events", "time"})
+                       "author_bytes_burst", "max_publishing", "copies_events", "verify_threads",
+                       "time"})
 
     @classmethod
     def parse(cls, options: Mapping[str, Any], *, request_timeout: float,
@@ -176,6 +182,10 @@ class ReplicationOptions:
         clock = options.get("time")
         if clock is not None and not callable(clock):
             raise ConfigError("replication option 'time' must be a callable returning ms")
+        threads = options.get("verify_threads")
+        if threads is not None and (type(threads) is not int or not 0 <= threads <= 64):
+            raise ConfigError("replication option 'verify_threads' must be an integer from 0 "
+                              f"to 64, got {threads!r}")
         allow = options.get("allow_recovery", False)
         if type(allow) is not bool:
             raise ConfigError("replication option 'allow_recovery' must be true or false")
@@ -197,6 +207,7 @@ class ReplicationOptions:
             allow_recovery=allow,
             max_publishing=_at_least(options, "max_publishing", 16),
             copies_events=_at_least(options, "copies_events", 1_000_000, 0),
+            verify_threads=threads,
             request_timeout=request_timeout,
             batch_bytes=batch_bytes,
             time=clock,
