@@ -620,3 +620,41 @@ async def test_a_causal_subscriber_is_told_which_event_it_waits_for(plugins, aut
             with trio.fail_after(30):
                 got = [await sub.__anext__() for _ in range(2)]
             assert [e.hash for e in got] == [x0.hash, y0.hash]
+
+
+async def _catch_up_time(count: int, delivery: str) -> float:
+    """Virtual seconds a node that brokers none of ``count`` criteria (50 events each,
+    100 ms one way on every link) takes to deliver them all from a new subscription."""
+    from ketten import plugin_manager
+    from ketten.testing import Cluster as Harness
+
+    async with trio.open_nursery() as nursery:
+        c = Harness(nursery, plugin_manager(), MemoryNetwork(seed=3, faults=Faults(latency=0.1)))
+        for index in range(8):
+            await c.start(index, clock="vector")
+        await trio.sleep(2.0)
+        names = [name for name in (f"catch-up-{n}" for n in range(40))
+                 if 0 not in c.brokers(criterion_key(name))][:count]
+        for name in names:
+            broker = c.brokers(criterion_key(name))[0]
+            for n in range(50):
+                await c.nodes[broker].publish(name, b"%d" % n)
+        start = trio.current_time()
+        got = 0
+        async with c.nodes[0].subscribe(names, delivery=delivery) as sub:
+            async for _ in sub:
+                got += 1
+                if got == 50 * count:
+                    break
+        nursery.cancel_scope.cancel()
+    return trio.current_time() - start
+
+
+@pytest.mark.parametrize("delivery", ["chain", "causal"])
+async def test_a_subscription_to_many_criteria_catches_up_on_all_at_once(
+        autojump_clock: trio.testing.MockClock, delivery: str) -> None:
+    # Finding the brokers and fetching the events are round trips: made one criterion
+    # after the other, six criteria took about six times as long as one.
+    one = await _catch_up_time(1, delivery)
+    six = await _catch_up_time(6, delivery)
+    assert six <= one + 0.25, (one, six)

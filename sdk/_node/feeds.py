@@ -86,6 +86,8 @@ _MERGE_CHUNK = 256
 _PAGE = 512
 _INBOX = 4096
 _OUTBOX = 4096
+_LOOKUPS = 32
+"""Criteria whose brokers one subscription looks up at once."""
 
 
 def parse_criteria(criteria: Any) -> tuple[bytes, ...]:
@@ -571,12 +573,21 @@ class Feed:
         Returns whether every criterion's brokers were found."""
         feeds = self.feeds
         own = feeds.own()
-        brokers: dict[bytes, list[Member] | None] = {}
-        for key in self.keys:
-            try:
-                brokers[key] = await feeds.members(key)
-            except KettenError:
-                brokers[key] = None
+        found: dict[bytes, list[Member] | None] = {}
+        limit = trio.CapacityLimiter(_LOOKUPS)
+
+        async def look_up(key: bytes) -> None:
+            async with limit:
+                try:
+                    found[key] = await feeds.members(key)
+                except KettenError:
+                    found[key] = None
+
+        # Each criterion's brokers may take a round trip to find: all at once.
+        async with trio.open_nursery() as nursery:
+            for key in self.keys:
+                nursery.start_soon(look_up, key)
+        brokers = {key: found[key] for key in self.keys}
         plan = self._renewal.plan(own.key, feeds.now_ms(), brokers, live=live)
         self._counts["head_checks"] += 1
         if plan.local:
@@ -691,13 +702,14 @@ class Feed:
     async def _pass(self) -> None:
         self._blocked = None
         keys = self._state.take_looks()
+        synced = await self._catch_up(keys)
         if not self._causal:
             for key in keys:
-                await self._advance(key, offer=True)
+                await self._advance(key, offer=True, synced=key in synced)
             return
         behind = False
         for key in keys:
-            behind = await self._advance(key, offer=False) or behind
+            behind = await self._advance(key, offer=False, synced=key in synced) or behind
         if not self._state.ask_round(trio.current_time(), behind=behind,
                                      holding=self._holding()):
             return
@@ -720,6 +732,20 @@ class Feed:
                 forget(key)
         for key in self.keys:
             await self._advance(key, offer=True, limit=limits[key], round_=round_)
+
+    async def _catch_up(self, keys: list[bytes]) -> set[bytes]:
+        """Sync every chain of ``keys`` that asks for it or whose brokers reported more
+        than is here, all at once: one chain's fetch waits on the network while
+        another's events are checked. Returns the chains synced (with one chain to
+        look at, :meth:`_advance` does it all)."""
+        if len(keys) < 2:
+            return set()
+        due = [key for key in keys
+               if self._state.take_sync(key) or (await self._confirmed(key))[1]]
+        async with trio.open_nursery() as nursery:
+            for key in due:
+                nursery.start_soon(self._sync_now, key)
+        return set(due)
 
     async def _sync_now(self, key: bytes) -> None:
         self._counts["gaps"] += 1
@@ -752,12 +778,12 @@ class Feed:
         return self._state.confirmed(key, head, hashes, own)
 
     async def _advance(self, key: bytes, *, offer: bool, limit: int | None = None,
-                       round_: int | None = None) -> bool:
-        """Catch up on ``key`` and offer what is committed (up to seq ``limit``); True if
-        there was something new to offer that ``offer=False`` kept back. A causal
-        delivery learns the head only from reports of round ``round_``."""
-        synced = False
-        if self._state.take_sync(key):
+                       round_: int | None = None, synced: bool = False) -> bool:
+        """Catch up on ``key`` (unless ``synced`` already) and offer what is committed
+        (up to seq ``limit``); True if there was something new to offer that
+        ``offer=False`` kept back. A causal delivery learns the head only from reports
+        of round ``round_``."""
+        if not synced and self._state.take_sync(key):
             await self._sync_now(key)
             synced = True
         confirmed, behind = await self._confirmed(key)
