@@ -42,6 +42,7 @@ _THREADED_RUN = 64
 node has any): below it, handing the work over costs more than it saves."""
 
 Appended = Callable[[Sequence[Event]], None]
+Orphaned = Callable[[bytes, Sequence[Event], Event | None], None]
 
 
 def _mark_verified(events: Sequence[Event]) -> None:
@@ -51,7 +52,6 @@ def _mark_verified(events: Sequence[Event]) -> None:
             event.verify()
         except InvalidEvent:
             pass
-Orphaned = Callable[[bytes, Sequence[Event], Event | None], None]
 
 
 @attrs.define(eq=False)
