@@ -115,17 +115,25 @@ class ChainConfig:
     old: tuple[Member, ...] = attrs.field(default=(), converter=_members)
     at: int = -1
     term: int = 0
+    # Asked for on every append and ack: computed once.
+    _voter_keys: frozenset[bytes] = attrs.field(init=False, eq=False, repr=False)
+    _keys: frozenset[bytes] = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        voters = frozenset(m.key for m in self.voters)
+        object.__setattr__(self, "_voter_keys", voters)
+        object.__setattr__(self, "_keys", voters | frozenset(m.key for m in self.old))
 
     @property
     def joint(self) -> bool:
         return bool(self.old)
 
     def voter_keys(self) -> frozenset[bytes]:
-        return frozenset(m.key for m in self.voters)
+        return self._voter_keys
 
     def keys(self) -> frozenset[bytes]:
         """Everyone who votes in this configuration (voters and, if joint, old voters)."""
-        return frozenset(m.key for m in self.voters) | frozenset(m.key for m in self.old)
+        return self._keys
 
     def members(self) -> tuple[Member, ...]:
         """Voters, then old voters that are not voters."""

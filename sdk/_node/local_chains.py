@@ -11,8 +11,7 @@ the durable replication state of each chain (a store cursor
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 
 import attrs
@@ -149,6 +148,43 @@ class _Lock:
     users: int = 0
 
 
+@attrs.define(eq=False)
+class _Held:
+    """``async with`` one chain's lock (a class, not a generator: it is taken for every
+    append and ack)."""
+
+    locks: dict[bytes, _Lock]
+    criterion: bytes
+    entry: _Lock | None = None
+
+    async def __aenter__(self) -> None:
+        entry = self.locks.get(self.criterion)
+        if entry is None:
+            entry = self.locks[self.criterion] = _Lock()
+        entry.users += 1
+        try:
+            entry.lock.acquire_nowait()  # the usual case: no scheduler round trip
+        except trio.WouldBlock:
+            try:
+                await entry.lock.acquire()
+            except BaseException:
+                self._leave(entry)
+                raise
+        self.entry = entry
+
+    async def __aexit__(self, *exc: object) -> None:
+        entry = self.entry
+        assert entry is not None
+        self.entry = None
+        entry.lock.release()
+        self._leave(entry)
+
+    def _leave(self, entry: _Lock) -> None:
+        entry.users -= 1
+        if entry.users == 0 and self.locks.get(self.criterion) is entry:
+            del self.locks[self.criterion]
+
+
 @attrs.frozen
 class LocalStatistics:
     events_appended: int
@@ -202,26 +238,9 @@ class LocalChains:
 
     # -- locking -------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def lock(self, criterion: bytes) -> AsyncIterator[None]:
+    def lock(self, criterion: bytes) -> _Held:
         """Hold the chain's lock: every change of the chain happens under it."""
-        entry = self._locks.get(criterion)
-        if entry is None:
-            entry = self._locks[criterion] = _Lock()
-        entry.users += 1
-        try:
-            try:
-                entry.lock.acquire_nowait()  # the usual case: no scheduler round trip
-            except trio.WouldBlock:
-                await entry.lock.acquire()
-            try:
-                yield
-            finally:
-                entry.lock.release()
-        finally:
-            entry.users -= 1
-            if entry.users == 0 and self._locks.get(criterion) is entry:
-                del self._locks[criterion]
+        return _Held(self._locks, criterion)
 
     # -- reading -------------------------------------------------------------------
 
