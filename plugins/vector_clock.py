@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 
 __all__ = ["VectorClock", "decode_vector", "encode_vector"]
 
+_REMEMBERED = 1024
+_REMEMBERED_SIZE = 2048
+"""Merged stamps remembered, and the largest remembered (at most 2 MiB in all)."""
+
 
 def _check_owner(_: object, __: attrs.Attribute[bytes], value: bytes) -> None:
     if type(value) is not bytes or len(value) != AUTHOR_SIZE:
@@ -54,6 +58,9 @@ class VectorClock:
     _max_authors: int = attrs.field(default=DEFAULT_MAX_AUTHORS, alias="max_authors", kw_only=True)
     _vector: dict[bytes, int] = attrs.field(factory=dict, init=False)
     _decode: VectorDecoder = attrs.field(init=False)
+    _merged: set[bytes] = attrs.field(factory=set, init=False)
+    """Stamps merged lately: a node observes each event when it stores it and again
+    when it delivers it, and merging a stamp twice changes nothing."""
 
     def __attrs_post_init__(self) -> None:
         self._decode = VectorDecoder(max_authors=self._max_authors)
@@ -80,7 +87,14 @@ class VectorClock:
         Raises :class:`~ketten.errors.DecodeError` for a malformed stamp; the
         clock is then unchanged.
         """
+        known = type(stamp) is bytes
+        if known and stamp in self._merged:
+            return
         merge_into(self._vector, self._decode(stamp))
+        if known and len(stamp) <= _REMEMBERED_SIZE:
+            if len(self._merged) >= _REMEMBERED:
+                self._merged.clear()
+            self._merged.add(stamp)
 
     def compare(self, a: bytes, b: bytes) -> ClockOrder:
         """How the event stamped ``a`` relates to the one stamped ``b``.

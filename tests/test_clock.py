@@ -358,3 +358,32 @@ async def test_clock_options_are_checked() -> None:
     with pytest.raises(ConfigError, match="max_author"):
         async with open_node(config):
             pass  # pragma: no cover
+
+
+def test_a_stamp_merged_before_is_not_decoded_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A node observes each event when it stores it and again when it delivers it.
+    clock = VectorClock(key(9))
+    decoded: list[bytes] = []
+    decode = clock._decode
+
+    def counting(data: bytes) -> dict[bytes, int]:
+        decoded.append(bytes(data))
+        return decode(data)
+
+    monkeypatch.setattr(clock, "_decode", counting)
+    first, second = encode_vector(vec(1, 4, 3)), encode_vector(vec(2, 3, 1, 5))
+    for stamp in (first, second, first, bytes(second)):
+        clock.observe(stamp)
+    assert decoded == [first, second]
+    assert clock.vector() == vec(2, 4, 3, 5)
+    clock.observe(bytearray(encode_vector(vec(7))))  # not remembered, still merged
+    clock.observe(bytearray(encode_vector(vec(7))))
+    assert len(decoded) == 4 and clock.vector() == vec(7, 4, 3, 5)
+    with pytest.raises(DecodeError):
+        clock.observe(b"\xa1")
+    with pytest.raises(DecodeError):
+        clock.observe(b"\xa1")
+    for n in range(3000):  # many stamps: the memory of them stays bounded, the merge exact
+        clock.observe(encode_vector({key(100 + n % 50): n + 1}))
+    assert clock.vector()[key(100 + 2999 % 50)] == 3000
+    assert clock.vector()[key(1)] == 7
