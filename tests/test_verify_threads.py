@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -152,3 +153,12 @@ async def test_a_node_on_the_simulated_network_never_hands_work_to_a_thread(
     got = await read_by_a_reader()
     assert [e.seq for e in got] == list(range(100))
     assert handed_over == []
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="the default uses threads only with 2 cores")
+async def test_the_simulated_network_in_real_time_hands_long_runs_to_threads(
+        handed_over: list[int]) -> None:
+    # The default follows the clock, not the transport: only virtual time rules threads out.
+    got = await read_by_a_reader()
+    assert [e.seq for e in got] == list(range(100))
+    assert sum(handed_over) >= 100
