@@ -22,7 +22,7 @@ from .._core.event import DEFAULT_MAX_EVENT_SIZE, Event
 from .._core.identity import Identity
 from .._core.membership import Member, Pos
 from .._core.messages import MAX_BATCH, Answer, Offer, OfferAnswer, OfferItem, Route
-from .._core.publish import PublishAttempt, Step, answered_event
+from .._core.publish import Action, PublishAttempt, Step, answered_event
 from ..errors import (
     BrokenLink,
     CommandIdReused,
@@ -62,6 +62,45 @@ _log = logging.getLogger("ketten.publish")
 
 
 @attrs.define(eq=False)
+class _Call:
+    """One ``publish()`` call: what the caller asked for, and what its attempt learned."""
+
+    number: int
+    criterion: bytes
+    payload: bytes
+    identity: Identity
+    command: int | None
+    on_conflict: ConflictHandler | None
+    writers: Sequence[bytes] | None
+    deadline: float
+    conflict_head: Event | None = None
+    """The head a broker answered with when it refused the offer as stale."""
+
+    def retry_with(self, answer: object) -> None:
+        """Take the conflict handler's ``answer``: a new payload, or ``None`` for the same."""
+        if answer is None:
+            return
+        if not isinstance(answer, bytes):
+            raise UsageError("on_conflict must return bytes or None")
+        self.payload = answer
+
+
+_StepDriver = Callable[[_Call, PublishAttempt, Action], Awaitable[None]]
+
+
+def _take_route(attempt: PublishAttempt, found: Route | Creation | None, now: float,
+                error: str) -> None:
+    """Tell ``attempt`` what the route lookup found: a route, whom to create the chain
+    on, or nothing (``error`` says why)."""
+    if isinstance(found, Creation):
+        attempt.routed(None, now, create=found.members)
+    elif found is None:
+        attempt.routed(None, now, error=error)
+    else:
+        attempt.routed(found, now)
+
+
+@attrs.define(eq=False)
 class Publisher:
     """Publishes events through the leaders of their chains."""
 
@@ -87,9 +126,13 @@ class Publisher:
     _calls: int = attrs.field(default=0, init=False)
     _events: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(_log), init=False)
     _offers: Coalescer[Member, OfferItem, OfferAnswer] = attrs.field(init=False)
+    _steps: dict[Step, _StepDriver] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._turns = trio.Semaphore(self.max_publishing)
+        self._steps = {Step.ROUTE: self._route, Step.BUILD: self._build_step,
+                       Step.CONFLICT: self._conflict, Step.SEND: self._send,
+                       Step.WAIT: self._wait, Step.FAIL: self._fail}
         self._offers = Coalescer(self._send_offers, self.nursery, MAX_BATCH,
                                  size=lambda item: len(item.event), max_bytes=_BATCH_BYTES)
 
@@ -121,81 +164,92 @@ class Publisher:
         """Publish once this call's turn came (see :attr:`max_publishing`)."""
         async with self._turns:
             self._calls += 1
-            call = self._calls
-            now = trio.current_time()
-            known = self._heads.get(criterion)
-            if known is not None and (base is None or known[0] > base[0]):
-                base = known
-            attempt = PublishAttempt(criterion, now + deadline, self.rng, base=base,
+            call = _Call(self._calls, criterion, payload, identity, command, on_conflict,
+                         writers, deadline)
+            attempt = PublishAttempt(criterion, trio.current_time() + deadline, self.rng,
+                                     base=self._base(criterion, base),
                                      has_conflict_handler=on_conflict is not None,
                                      route_base=not self.has_clock)
-            conflict_head: Event | None = None
-            while True:
-                action = attempt.next(trio.current_time())
-                step = action.step
-                if step is Step.DONE:
-                    assert action.event is not None
-                    self.note_head(criterion, (action.event.seq, action.event.hash))
-                    self.sets.note_exists(criterion)
-                    return action.event
-                if step is Step.FAIL:
-                    raise self._error(attempt, action.error, action.message, action.answer,
-                                      criterion, command, identity, deadline)
-                if step is Step.WAIT:
-                    await trio.sleep_until(action.until)
-                elif step is Step.ROUTE:
-                    found: Route | Creation | None = None
-                    with trio.move_on_at(attempt.deadline):
-                        try:
-                            found = await self.sets.route(criterion, refresh=action.refresh)
-                        except KettenError as exc:
-                            attempt.routed(None, trio.current_time(), error=str(exc))
-                            continue
-                    if found is None:
-                        attempt.routed(None, trio.current_time(),
-                                       error="the chain's brokers could not be found in time")
-                        continue
-                    if isinstance(found, Creation):
-                        attempt.routed(None, trio.current_time(), create=found.members)
-                    else:
-                        attempt.routed(found, trio.current_time())
-                elif step is Step.BUILD:
-                    if writers is not None and action.seq != 0:
-                        raise UsageError(
-                            f"criterion {criterion.hex()[:16]} already has a genesis; writers can "
-                            "only be declared by the first event of a chain")
-                    built = self._build(call, identity, criterion, action.seq, action.prev,
-                                        payload, command, writers)
-                    size = len(built.to_bytes())
-                    if size > self.max_event_size:
-                        raise UsageError(
-                            f"the event would take {size} bytes ({len(payload)} of payload), "
-                            f"more than max_event_size ({self.max_event_size} bytes): split "
-                            "the payload, or raise max_event_size in every node's NodeConfig")
-                    attempt.built(built)
-                elif step is Step.CONFLICT:
-                    assert on_conflict is not None
-                    answer = on_conflict(conflict_head)
-                    if inspect.isawaitable(answer):
-                        answer = await answer
-                    if answer is not None:
-                        if not isinstance(answer, bytes):
-                            raise UsageError("on_conflict must return bytes or None")
-                        payload = answer
-                    attempt.resolved()
-                elif step is Step.SEND:
-                    assert action.target is not None and action.item is not None
-                    reply: OfferAnswer | None = None
-                    event: Event | None = None
-                    with trio.move_on_at(attempt.deadline):
-                        reply, event = await self._offer(action.target, action.item, attempt.event)
-                    if reply is not None and reply.kind is Answer.STALE:
-                        conflict_head = event
-                        if event is not None:
-                            self.note_head(criterion, (event.seq, event.hash))
-                    if reply is not None:
-                        self.sets.answered(criterion, reply.route, reply.epoch)
-                    attempt.answered(action.target, reply, event, trio.current_time())
+            while (action := attempt.next(trio.current_time())).step is not Step.DONE:
+                await self._steps[action.step](call, attempt, action)
+            return self._done(criterion, action)
+
+    # -- the steps of an attempt, each carried out for PublishAttempt ----------------
+
+    def _base(self, criterion: bytes, base: Pos | None) -> Pos | None:
+        """Where to start: the caller's ``base`` or the newest head seen, if later."""
+        known = self._heads.get(criterion)
+        return known if known is not None and (base is None or known[0] > base[0]) else base
+
+    def _done(self, criterion: bytes, action: Action) -> Event:
+        assert action.event is not None
+        self.note_head(criterion, (action.event.seq, action.event.hash))
+        self.sets.note_exists(criterion)
+        return action.event
+
+    async def _fail(self, call: _Call, attempt: PublishAttempt, action: Action) -> None:
+        raise self._error(attempt, action.error, action.message, action.answer,
+                          call.criterion, call.command, call.identity, call.deadline)
+
+    async def _wait(self, call: _Call, attempt: PublishAttempt, action: Action) -> None:
+        await trio.sleep_until(action.until)
+
+    async def _route(self, call: _Call, attempt: PublishAttempt, action: Action) -> None:
+        found: Route | Creation | None = None
+        error = "the chain's brokers could not be found in time"
+        with trio.move_on_at(attempt.deadline):
+            try:
+                found = await self.sets.route(call.criterion, refresh=action.refresh)
+            except KettenError as exc:
+                error = str(exc)
+        _take_route(attempt, found, trio.current_time(), error)
+
+    async def _build_step(self, call: _Call, attempt: PublishAttempt, action: Action) -> None:
+        attempt.built(self._build_checked(call, action))
+
+    async def _conflict(self, call: _Call, attempt: PublishAttempt, action: Action) -> None:
+        assert call.on_conflict is not None
+        answer = call.on_conflict(call.conflict_head)
+        if inspect.isawaitable(answer):
+            answer = await answer
+        call.retry_with(answer)
+        attempt.resolved()
+
+    async def _send(self, call: _Call, attempt: PublishAttempt, action: Action) -> None:
+        assert action.target is not None and action.item is not None
+        reply: OfferAnswer | None = None
+        event: Event | None = None
+        with trio.move_on_at(attempt.deadline):
+            reply, event = await self._offer(action.target, action.item, attempt.event)
+        self._take_answer(call, reply, event)
+        attempt.answered(action.target, reply, event, trio.current_time())
+
+    def _take_answer(self, call: _Call, reply: OfferAnswer | None, event: Event | None) -> None:
+        """Learn from a broker's answer: a newer head, a newer route or epoch."""
+        if reply is None:
+            return
+        if reply.kind is Answer.STALE:
+            call.conflict_head = event
+            if event is not None:
+                self.note_head(call.criterion, (event.seq, event.hash))
+        self.sets.answered(call.criterion, reply.route, reply.epoch)
+
+    def _build_checked(self, call: _Call, action: Action) -> Event:
+        """The event the attempt asked for; :class:`UsageError` if the caller's input
+        cannot make one."""
+        if call.writers is not None and action.seq != 0:
+            raise UsageError(
+                f"criterion {call.criterion.hex()[:16]} already has a genesis; writers can "
+                "only be declared by the first event of a chain")
+        built = self._build(call.number, call.identity, call.criterion, action.seq,
+                            action.prev, call.payload, call.command, call.writers)
+        size = len(built.to_bytes())
+        if size > self.max_event_size:
+            raise UsageError(
+                f"the event would take {size} bytes ({len(call.payload)} of payload), "
+                f"more than max_event_size ({self.max_event_size} bytes): split "
+                "the payload, or raise max_event_size in every node's NodeConfig")
+        return built
 
     def _build(self, call: int, identity: Identity, criterion: bytes, seq: int,
                prev: bytes | None, payload: bytes, command: int | None,

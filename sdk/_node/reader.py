@@ -20,7 +20,7 @@ import trio
 from .._core.event import Event
 from .._core.membership import Member, Pos
 from .._core.messages import CommitQuery, CommitReply
-from .._core.read import ReadAttempt, ReadStep
+from .._core.read import ReadAction, ReadAttempt, ReadStep
 from ..errors import KettenError, QuorumUnavailable
 from .broker import Broker
 from .local_chains import LocalChains
@@ -55,29 +55,35 @@ class Reader:
         Raises :class:`~ketten.errors.QuorumUnavailable` if no leader confirmed
         one by ``until``."""
         attempt = ReadAttempt(key, until, self.rng)
-        while True:
-            action = attempt.next(trio.current_time())
-            if action.step is ReadStep.DONE:
-                return action.commit, action.source
-            if action.step is ReadStep.FAIL:
-                raise QuorumUnavailable(f"no leader of criterion {key.hex()[:16]} confirmed a "
-                                        f"commit position in time ({action.message})")
-            if action.step is ReadStep.WAIT:
-                await trio.sleep_until(action.until)
-            elif action.step is ReadStep.ROUTE:
-                try:
-                    found = await self.sets.route(key, refresh=action.refresh)
-                except KettenError as exc:
-                    attempt.routed(None, trio.current_time(), error=str(exc))
-                else:
-                    attempt.routed(None if isinstance(found, Creation) else found,
-                                   trio.current_time(), absent=isinstance(found, Creation))
-            else:
-                assert action.target is not None
-                reply = await self._ask_commit(key, action.target, action.urge, until)
-                if reply is not None:
-                    self.sets.answered(key, reply.route)
-                attempt.answered(action.target, reply, trio.current_time())
+        steps = {ReadStep.ROUTE: self._route, ReadStep.ASK: self._ask,
+                 ReadStep.WAIT: self._wait, ReadStep.FAIL: self._fail}
+        while (action := attempt.next(trio.current_time())).step is not ReadStep.DONE:
+            await steps[action.step](key, attempt, action)
+        return action.commit, action.source
+
+    # -- the steps of a read attempt -------------------------------------------------
+
+    async def _fail(self, key: bytes, attempt: ReadAttempt, action: ReadAction) -> None:
+        raise QuorumUnavailable(f"no leader of criterion {key.hex()[:16]} confirmed a "
+                                f"commit position in time ({action.message})")
+
+    async def _wait(self, key: bytes, attempt: ReadAttempt, action: ReadAction) -> None:
+        await trio.sleep_until(action.until)
+
+    async def _route(self, key: bytes, attempt: ReadAttempt, action: ReadAction) -> None:
+        try:
+            found = await self.sets.route(key, refresh=action.refresh)
+        except KettenError as exc:
+            attempt.routed(None, trio.current_time(), error=str(exc))
+            return
+        attempt.routed(None if isinstance(found, Creation) else found, trio.current_time(),
+                       absent=isinstance(found, Creation))
+
+    async def _ask(self, key: bytes, attempt: ReadAttempt, action: ReadAction) -> None:
+        assert action.target is not None
+        reply = await self._ask_commit(key, action.target, action.urge, attempt.deadline)
+        self.sets.answered(key, None if reply is None else reply.route)
+        attempt.answered(action.target, reply, trio.current_time())
 
     async def _ask_commit(self, key: bytes, target: Member, urge: bool,
                           until: float) -> CommitReply | None:
