@@ -606,3 +606,46 @@ def test_a_configuration_the_committed_chain_went_on_without_is_abandoned() -> N
     assert not Replica(learner.criterion, learner.own, settled, (5, b"\1" * 32)).abandoned(1, 9)
     learner.role = Role.LEADER
     assert not learner.abandoned(1, 9)
+
+
+STRANGER = b"\x66" * 32
+FORGED = ChainConfig(2, [Member(STRANGER, "x:1")], (), -1, 0)
+"""A configuration a stranger invents: itself the only voter."""
+
+
+def test_a_stranger_carrying_its_own_configuration_cannot_lead_a_chain() -> None:
+    first, events, follower, hashes = follower_in_line(3)
+    before = follower.state
+    head = (2, events[2].hash)
+    forged = Event.create(AUTHOR, criterion=KEY, seq=3, prev=events[2].hash, payload=b"f",
+                          time=0)
+    for term in (before.term, before.term + 1, (1 << 63) - 1):
+        outcome = follower.on_append(STRANGER, term, head, head, [forged], (3, forged.hash),
+                                     (FORGED,), 0.0, hashes)
+        assert outcome.ack.status is AckStatus.REFUSED
+        assert "not a voter" in outcome.ack.reason
+        assert outcome.append == () and outcome.state is None and outcome.committed is None
+    assert follower.state == before and follower.leader is None
+    assert follower.needs_voucher(STRANGER, (FORGED,))
+    assert not follower.needs_voucher(KEYS[0], (first,))
+    # Once nodes it trusts named the sender a voter (a configuration it missed), it follows.
+    vouched = follower.on_append(STRANGER, before.term + 1, head, head, [], None, (FORGED,),
+                                 0.0, hashes, vouched=True)
+    assert vouched.ack.status is AckStatus.OK and follower.leader == STRANGER
+
+
+def test_a_stranger_proposing_its_own_configuration_gets_no_vote_and_moves_no_term() -> None:
+    first, _events, voter, _hashes = follower_in_line(3)
+    before = voter.state
+    rank = (before.log_term, 10, 0)
+    for pre in (True, False):
+        answer = voter.on_vote(STRANGER, (1 << 63) - 1, pre, rank, 100.0, force=True,
+                               proposed=FORGED)
+        assert not answer.granted and answer.state is None
+    assert voter.state == before
+    vouched = voter.on_vote(STRANGER, before.term + 1, False, rank, 100.0, force=True,
+                            proposed=FORGED, vouched=True)
+    assert vouched.granted
+    # A broker that holds no configuration yet (a new member) still takes the proposed one.
+    fresh = Replica(KEY, STRANGER, ChainState(), None)
+    assert fresh.on_vote(KEYS[0], 2, False, rank, 100.0, proposed=first).granted

@@ -262,6 +262,21 @@ class Replica:
             self.leader = None
         return persist
 
+    # -- who may lead or stand ---------------------------------------------------
+
+    def trusts(self, sender: bytes) -> bool:
+        """Whether ``sender`` is a voter of a configuration this broker holds."""
+        return any(c.is_voter(sender) for c in self.state.configs)
+
+    def needs_voucher(self, sender: bytes, configs: Sequence[ChainConfig]) -> bool:
+        """Whether ``sender``, a voter of none of this broker's configurations, claims
+        to be one of ``configs``, which it sends itself: a newer configuration this
+        broker missed, or a stranger's invention. The driver asks nodes it trusts
+        (the members it knows, the nodes nearest to the key) before the claim counts;
+        a broker without configurations takes the first it is sent."""
+        return (bool(self.state.configs) and not self.trusts(sender)
+                and any(c.is_voter(sender) for c in configs))
+
     # -- follower ------------------------------------------------------------
 
     def on_append(
@@ -275,8 +290,15 @@ class Replica:
         configs: Sequence[ChainConfig],
         now: float,
         hashes: Mapping[int, bytes],
+        *,
+        vouched: bool = False,
     ) -> AppendOutcome:
         """An append from the leader of ``term``.
+
+        The sender must be a voter of a configuration this broker holds; a
+        broker that holds none yet (a new member) takes the ``configs`` the
+        leader sends. ``vouched``: nodes this one trusts named the sender a
+        voter (see :meth:`needs_voucher`).
 
         ``hashes`` are our own event hashes at the seqs the message touches
         (``prev``, each event's seq, ``start``) and at our commit mark, for the
@@ -285,13 +307,18 @@ class Replica:
         the start we cut anything after it and take the new log term.
         """
         st = self.state
-        if term < st.term:
-            return AppendOutcome(self._ack(AckStatus.STALE_TERM))
+        # Judged before the term: a stranger must not move it (nor anything else).
         # A leader that is not a voter of the configuration it is moving the chain
         # to still leads until that one is committed: it is a voter of an earlier one.
-        known = [*configs, *st.configs]
-        if known and not any(c.is_voter(sender) for c in known):
-            return AppendOutcome(self._ack(AckStatus.REFUSED, "the sender is not a voter"))
+        if st.configs:
+            allowed = vouched or self.trusts(sender)
+        else:
+            allowed = not configs or any(c.is_voter(sender) for c in configs)
+        if not allowed:
+            return AppendOutcome(self._ack(AckStatus.REFUSED, "the sender is not a voter of "
+                                           "any configuration this broker holds"))
+        if term < st.term:
+            return AppendOutcome(self._ack(AckStatus.STALE_TERM))
         if term == st.term and self.role is Role.LEADER:
             return AppendOutcome(self._ack(AckStatus.REFUSED, "two leaders in one term"))
         persist = self._step_down(term)
@@ -472,7 +499,7 @@ class Replica:
 
     def on_vote(self, sender: bytes, term: int, pre: bool, rank: tuple[int, int, int],
                 now: float, *, force: bool = False, proposed: ChainConfig | None = None,
-                rival: bool = False, exists: bool = False) -> VoteAnswer:
+                rival: bool = False, exists: bool = False, vouched: bool = False) -> VoteAnswer:
         """A (pre-)vote request of ``sender`` for ``term``.
 
         ``proposed`` is the candidate's configuration; a broker with none yet
@@ -490,9 +517,12 @@ class Replica:
         # Votes are counted by the candidate's configuration, so a broker that does
         # not know yet that it is a voter there (a new member) still answers; one
         # vote per term and the up-to-date rule are what keep elections safe. A
-        # stranger to both configurations is refused.
+        # candidate known only from the configuration it proposes counts where this
+        # broker holds none, or where trusted nodes vouched for it (``vouched``, see
+        # :meth:`needs_voucher`): a stranger must not raise the term, nor win.
         known = (config is not None and config.is_voter(sender)) or (
-            proposed is not None and proposed.is_voter(sender))
+            proposed is not None and proposed.is_voter(sender)
+            and (not st.configs or vouched))
         if not known:
             return VoteAnswer(False, st.term)
         # A retired broker's vote would only ever help a configuration that the one

@@ -83,6 +83,9 @@ _KNOWN_CURSOR = "ketten/known"
 _LOST_CURSOR = "ketten/yielded"
 """Chains this node gave up (criterion and genesis, 64 bytes each): it refuses them."""
 _FULL_ROUNDS = 8
+_VOUCH_MEMORY = 10.0
+"""Seconds an answer to "is this sender a voter?" is remembered (see ``_vouched``)."""
+_MAX_VOUCHES = 4096
 """Every this many background rounds look at every chain, changed or not."""
 
 
@@ -297,6 +300,10 @@ class Replicator:
     _committed: list[Callable[[bytes, Pos], None]] = attrs.field(factory=list, init=False)
     _released: list[Callable[[bytes, int], None]] = attrs.field(factory=list, init=False)
     _learner_members: dict[bytes, Member] = attrs.field(factory=dict, init=False)
+    _vouches: OrderedDict[bytes, tuple[bool, float]] = attrs.field(factory=OrderedDict,
+                                                                  init=False)
+    """Per chain and sender, whether trusted nodes named it a voter, and until when
+    that answer stands."""
     _repairs: dict[bytes, float] = attrs.field(factory=dict, init=False)
     _genesis: dict[bytes, tuple[bytes, int]] = attrs.field(factory=dict, init=False)
     _lost: OrderedDict[bytes, frozenset[bytes]] = attrs.field(factory=OrderedDict, init=False)
@@ -777,6 +784,7 @@ class Replicator:
             return AppendAck(criterion, "conflict", 0, 0, replica.head, replica.state.epoch,
                              None, (), "another chain of this criterion",
                              await self.genesis(criterion))
+        vouched = await self._vouched(criterion, peer, item.configs)
         async with self.chains.lock(criterion):
             replica = await self.replica(criterion, create=True)
             assert replica is not None
@@ -802,7 +810,8 @@ class Replicator:
             was_voter = replica.is_voter()
             before = replica.state.configs
             outcome = replica.on_append(peer.public_key, item.term, item.start, item.prev,
-                                        events, item.commit, item.configs, self._now(), hashes)
+                                        events, item.commit, item.configs, self._now(), hashes,
+                                        vouched=vouched)
             try:
                 if outcome.truncate_from is not None:
                     await self.chains.cut(criterion, outcome.truncate_from, outcome.append)
@@ -830,6 +839,57 @@ class Replicator:
         self._signal(criterion)
         return self._ack(criterion, replica, outcome.ack, locator=locator)
 
+    async def _vouched(self, criterion: bytes, peer: Peer,
+                       configs: Sequence[ChainConfig]) -> bool:
+        """Whether nodes this one trusts name ``peer`` a voter of ``criterion``, when
+        it is a voter only of the ``configs`` it sent (see
+        :meth:`Replica.needs_voucher`; ``False`` when it need not be vouched for).
+
+        The members of the configuration held here and the nodes nearest to the key
+        are asked what they know of the chain; one that names the sender a voter
+        vouches for it. The answer is remembered for a while, so a stranger's
+        messages do not turn into a stream of questions."""
+        sender = peer.public_key
+        replica = await self.replica(criterion)
+        if replica is None or not replica.needs_voucher(sender, configs):
+            return False
+        now = trio.current_time()
+        key = criterion + sender
+        known = self._vouches.get(key)
+        if known is not None and known[1] > now:
+            return known[0]
+        own = self.own().key
+        config = replica.config
+        asked: dict[bytes, Member] = {}
+        for member in [*(() if config is None else config.members()),
+                       *self.sets.desired(criterion)]:
+            if member.key not in (own, sender):
+                asked.setdefault(member.key, member)
+        vouched = False
+
+        async def ask(member: Member) -> None:
+            nonlocal vouched
+            located = await self.sets.locate(member, criterion)
+            route = None if located is None else located.route
+            if route is not None and route.config.is_voter(sender):
+                vouched = True
+                nursery.cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for member in asked.values():
+                nursery.start_soon(ask, member)
+        if not vouched:
+            self._events.warning(
+                "voter_refused", "%s: %s (%s) claims to be a voter of criterion %s; no member "
+                "and no node near the key names it one: its appends and vote requests are "
+                "refused", self.own().address, peer.address, sender.hex()[:16],
+                criterion.hex()[:16], key=f"vouch:{sender.hex()}", criterion=criterion.hex(),
+                sender=sender.hex(), address=peer.address)
+        self._vouches[key] = (vouched, now + _VOUCH_MEMORY)
+        while len(self._vouches) > _MAX_VOUCHES:
+            self._vouches.popitem(last=False)
+        return vouched
+
     async def _locator(self, criterion: bytes, head: Pos | None) -> tuple[Pos, ...]:
         if head is None:
             return ()
@@ -847,6 +907,8 @@ class Replicator:
 
     async def _vote(self, peer: Peer, item: VoteItem) -> VoteResult:
         criterion = item.criterion
+        vouched = await self._vouched(criterion, peer,
+                                      () if item.proposed is None else (item.proposed,))
         async with self.chains.lock(criterion):
             # A member the leader never reached holds no state yet: it judges the
             # request by the candidate's configuration (it must name both).
@@ -860,7 +922,7 @@ class Replicator:
             mine = replica.rank()
             answer = replica.on_vote(peer.public_key, item.term, item.pre, item.rank,
                                      self._now(), force=item.force, proposed=item.proposed,
-                                     rival=rival,
+                                     rival=rival, vouched=vouched,
                                      exists=await self._exists_besides(criterion, item.proposed))
             _log.debug("%s: %svote for %s in term %d on %s: theirs %s, ours %s: %s",
                        self.own().address, "pre-" if item.pre else "", peer.address,

@@ -1,0 +1,83 @@
+"""A stranger with a fresh key tries to take over chains on loopback TCP: appends
+and vote requests that carry a configuration naming itself the only voter, with
+the highest term the wire can carry, and a forged event marked committed. The
+brokers hold a configuration, so the stranger's own word counts for nothing: the
+chain keeps its voters, its term and its events, and publishing goes on."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+
+import trio
+from hostile import HostilePeer
+
+import ketten
+from ketten import Event, Identity, NodeConfig, criterion_key, open_node
+from ketten._core.membership import ChainConfig, Member
+from ketten._core.messages import Append, AppendItem, AppendReply, Vote, VoteItem, VoteReply
+from ketten.wire import MAX_UINT, decode_message
+
+PM = ketten.plugin_manager()
+
+
+@asynccontextmanager
+async def honest_node(seeds: list[str]) -> AsyncIterator[ketten.Node]:
+    config = NodeConfig(identity=Identity.generate(), transport="tcp", overlay="static",
+                        request_timeout=2.0,
+                        options={"overlay": {"seeds": seeds, "interval": 0.2}})
+    async with open_node(config, plugins=PM) as node:
+        yield node
+
+
+async def test_a_stranger_cannot_lead_vote_in_or_write_to_a_chain() -> None:
+    key = criterion_key("takeover")
+    async with AsyncExitStack() as stack:
+        nodes: list[ketten.Node] = []
+        for _ in range(3):
+            seeds = [nodes[0].address] if nodes else []
+            nodes.append(await stack.enter_async_context(honest_node(seeds)))
+        await trio.sleep(1.0)
+        for n in range(3):
+            await nodes[0].publish(key, b"honest %d" % n, deadline=10)
+        before = await nodes[0].read(key, deadline=10)
+        config = await nodes[0].configuration(key)
+        assert config is not None
+        voters = config.voter_keys()
+
+        stranger = Identity.generate()
+        forged_config = ChainConfig(config.epoch + 1, [Member(stranger.public_key, "127.0.0.9:1")],
+                                    (), -1, 0)
+        head = (before[-1].seq, before[-1].hash)
+        forged = Event.create(stranger, criterion=key, seq=head[0] + 1, prev=head[1],
+                              payload=b"FORGED", time=0)
+        for node in nodes:
+            peer = HostilePeer(node.address, identity=stranger, claimed="127.0.0.9:1")
+            for term in (MAX_UINT, 50):
+                takeover = AppendItem(key, term, head, head, (forged.to_bytes(),),
+                                      (forged.seq, forged.hash), (forged_config,), before[0].hash)
+                kind, body = await peer.request("append", Append((takeover,)).to_wire(),
+                                                timeout=10)
+                assert kind == "reply"
+                ack = AppendReply.from_wire(decode_message(body)[1]).acks[0]
+                assert ack.status == "refused" and "not a voter" in ack.reason
+                assert ack.term < term
+                for pre in (True, False):
+                    ask = VoteItem(key, term, pre, (MAX_UINT, MAX_UINT, MAX_UINT),
+                                   forged_config, force=True, genesis=before[0].hash)
+                    kind, body = await peer.request("vote", Vote((ask,)).to_wire(), timeout=10)
+                    assert kind == "reply"
+                    result = VoteReply.from_wire(decode_message(body)[1]).results[0]
+                    assert not result.granted and result.term < term
+            await peer.aclose()
+
+        # Every broker kept the chain's voters; the chain goes on, without the forgery.
+        for node in nodes:
+            kept = await node.configuration(key)
+            assert kept is not None and kept.voter_keys() == voters
+        for n in range(3, 6):
+            await nodes[1].publish(key, b"honest %d" % n, deadline=10)
+        for node in nodes:
+            after = await node.read(key, deadline=10)
+            assert [e.payload for e in after] == [b"honest %d" % n for n in range(6)]
+            assert after[:3] == before
