@@ -48,7 +48,14 @@ class Connection:
     """When the write under way began (``None``: none is)."""
     close_reason: str = ""
     _write_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
+    max_queued: int = 8 << 20
+    """Bytes of frames waiting behind a write under way beyond which a sender waits
+    its turn: a peer that stops reading holds up its own answers (and, through the
+    request slots they keep, its own requests), never this node's memory."""
     _outbox: list[bytes] = attrs.field(factory=list, init=False)
+    _queued: int = attrs.field(default=0, init=False)
+    _room: trio.Event = attrs.field(factory=trio.Event, init=False)
+    """Set when the frames queued were taken for writing, or the connection closed."""
     _flushing: bool = attrs.field(default=False, init=False)
     _pending: dict[int, ReplySlot] = attrs.field(factory=dict, init=False)
     _next_id: int = attrs.field(default=0, init=False)
@@ -62,9 +69,12 @@ class Connection:
         """Write one frame; returns its size. Raises :class:`PeerUnreachable` if closed.
 
         Frames queued while another sender is writing go out with its next
-        write, one system call for many frames. A frame that cannot be written
+        write, one system call for many frames; once :attr:`max_queued` bytes
+        wait, a sender waits for room. A frame that cannot be written
         closes the connection, which fails every request still waiting on it.
         """
+        while self._flushing and self._queued >= self.max_queued and not self.closed:
+            await self._room.wait()
         if self.closed:
             raise PeerUnreachable(f"connection to {self.peer.address} is closed")
         body = frame_body(frame)
@@ -72,6 +82,7 @@ class Connection:
             body = self.session.seal(body)  # sealed in the order the frames are queued
         data = framed(body)
         self._outbox.append(data)
+        self._queued += len(data)
         if self._flushing:
             await trio.lowlevel.checkpoint()
             return len(data)
@@ -83,6 +94,8 @@ class Connection:
             while self._outbox and not self.closed:
                 chunk = b"".join(self._outbox)
                 self._outbox.clear()
+                self._queued = 0
+                self._make_room()
                 self.sending_since = trio.current_time()
                 # Only closing the connection ends the write (see ``close``).
                 with trio.CancelScope(shield=True) as self._write_scope:
@@ -98,6 +111,7 @@ class Connection:
         finally:
             self._flushing = False
             self.sending_since = self._write_scope = None
+            self._make_room()
         if self.closed:
             raise PeerUnreachable(f"connection to {self.peer.address} is closed")
         await trio.lowlevel.checkpoint_if_cancelled()
@@ -122,6 +136,10 @@ class Connection:
         slot.settle(outcome)
         return True
 
+    def _make_room(self) -> None:
+        self._room.set()
+        self._room = trio.Event()
+
     def close(self, reason: str) -> None:
         """Stop the reader and fail every waiting request."""
         if self.closed:
@@ -129,6 +147,7 @@ class Connection:
         self.closed = True
         self.close_reason = reason
         self.finished.set()
+        self._room.set()
         self.cancel_scope.cancel()
         if self._write_scope is not None:
             self._write_scope.cancel()  # half a frame may be out: nothing more goes

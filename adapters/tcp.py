@@ -793,6 +793,7 @@ class TcpTransport:
 
     async def _answer(self, conn: Connection, request: Request, handler: Handler,
                       limiter: trio.Semaphore) -> None:
+        held = len(request.data)
         try:
             frame: ReplyFrame | ErrorReply
             try:
@@ -807,6 +808,11 @@ class TcpTransport:
                                    "the request failed on this node")
             else:
                 frame = ReplyFrame(request.req_id, answer)
+            # The request is done with: its bytes go back to every peer's budget.
+            # The answer waits in this peer's connection (bounded there) while the
+            # request slot stays taken, so a peer that stops reading stalls itself.
+            self._budget.release(held)
+            held = 0
             try:
                 self._counts["bytes_sent"] += await conn.send(frame)
             except PeerUnreachable:
@@ -814,7 +820,8 @@ class TcpTransport:
         finally:
             conn.answering -= 1
             conn.last_used = trio.current_time()
-            self._budget.release(len(request.data))
+            if held:
+                self._budget.release(held)
             limiter.release()
 
     async def _take_message(self, peer: Peer, data: bytes, handler: Handler,

@@ -178,3 +178,36 @@ async def test_requests_in_flight_are_bounded_in_bytes_over_all_peers() -> None:
 async def _flood_bytes(client: RawClient, counts: list[int]) -> None:
     counts.append(await _flood(client, "held", [bytes(20_000)] * 4))
     await trio.aclose_forcefully(client.stream)
+
+
+async def test_a_peer_that_stops_reading_holds_up_only_its_own_answers() -> None:
+    """A peer asks for 200 answers of 256 KB each and reads none: the node writes what
+    the socket takes, queues a bounded amount behind it, and stops taking that
+    peer's requests; the answers never pile up in memory, and others are served."""
+    async with node_at("127.0.0.1", max_concurrent_requests=8) as node:
+        answered = {"count": 0}
+
+        async def big(peer: Any, body: Any) -> Any:
+            answered["count"] += 1
+            return bytes(256 * 1024)
+
+        node.register_service("big", big)
+        hog, answer = await raw_connect(node.address, identity=Identity.generate())
+        assert isinstance(answer, Auth)
+        for req_id in range(1, 201):
+            await hog.send(Request(req_id, encode_message("big", None)))
+        await trio.sleep(2.0)
+        # What the sockets hold (a few MB on loopback), 8 MiB queued, 8 slots waiting.
+        assert answered["count"] < 100, "answers to a peer that reads none piled up"
+        async with node_at("127.0.0.6") as honest:
+            with trio.fail_after(10):
+                assert await honest.call(node.address, "echo", "served") == "served"
+        # Once it reads again, every answer comes.
+        replies = 0
+        with trio.fail_after(30):
+            while replies < 200:
+                frame = await hog.frame()
+                assert frame is not None
+                replies += isinstance(frame, Reply)
+        assert answered["count"] == 200
+        await trio.aclose_forcefully(hog.stream)
