@@ -24,7 +24,10 @@ handshake takes longer than ``handshake_timeout``. One source address
 holds at most ``max_handshakes_per_source`` connections in the handshake
 and ``max_per_source`` connections it dialed (the least recently used idle
 one is closed to make room, as for ``max_connections``), so one host
-cannot take every slot. A frame whose first byte
+cannot take every slot; an IPv6 source is its /64 network. At most a quarter
+of ``max_connections`` incoming connections are in the handshake at once: a
+new one ends the oldest (an honest handshake takes milliseconds), so hosts
+that open connections and say nothing cannot keep others out. A frame whose first byte
 arrived must be complete within ``frame_timeout`` (and a frame being sent
 must leave within it, else the connection is closed); a connection with no
 request outstanding in either direction and no frame for ``idle_timeout``
@@ -130,6 +133,9 @@ class TcpStatistics:
     refused_per_source: int
     handshakes_failed: int
     handshakes_timed_out: int
+    handshakes_evicted: int
+    """Incoming handshakes ended early for a newer one, when a quarter of
+    ``max_connections`` were in the handshake (an honest one takes milliseconds)."""
     malformed_frames: int
     stalled_frames: int
     """Connections closed because a frame of the peer's did not arrive whole in time."""
@@ -236,6 +242,20 @@ class _ByteBudget:
         self._lot.unpark_all()
 
 
+def source_of(ip: str) -> str:
+    """The source an incoming connection counts against: its IPv4 address, or the
+    /64 network of an IPv6 one (one host commonly holds a whole /64)."""
+    try:
+        address = ipaddress.ip_address(ip.split("%", 1)[0])
+    except ValueError:
+        return ip
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
 @attrs.define(eq=False)
 class TcpTransport:
     """A :class:`~ketten.interfaces.Transport` over TCP."""
@@ -267,6 +287,10 @@ class TcpTransport:
     _dialing: dict[str, trio.Event] = attrs.field(factory=dict, init=False)
     _handshaking: int = attrs.field(default=0, init=False)
     _handshaking_from: dict[str, int] = attrs.field(factory=dict, init=False)
+    _incoming_shakes: OrderedDict[int, trio.CancelScope] = attrs.field(factory=OrderedDict,
+                                                                      init=False)
+    """Incoming connections in the handshake, oldest first."""
+    _shakes_started: int = attrs.field(default=0, init=False)
     _peer_limits: dict[bytes, tuple[trio.Semaphore, int]] = attrs.field(factory=dict, init=False)
     """Per peer key: its requests in flight (shared by all its connections), and how
     many of its connections are open."""
@@ -510,13 +534,13 @@ class TcpTransport:
         elif self._accepted.get(conn.peer.public_key) is conn:
             del self._accepted[conn.peer.public_key]
 
-    async def _handshake(self, stream: trio.abc.Stream,
-                         dialed: str | None) -> tuple[Peer, FrameDecoder, Session | None]:
+    async def _handshake(self, stream: trio.abc.Stream, dialed: str | None,
+                         source: str = "?") -> tuple[Peer, FrameDecoder, Session | None]:
         """Run the handshake; raises :class:`PeerUnreachable` naming the reason."""
         shake = Handshake(self._identity, self.params, self.address,
                           initiator=dialed is not None, nonce=secrets.token_bytes(32))
         decoder = FrameDecoder(_HANDSHAKE_FRAME_LIMIT)
-        who = dialed or "an incoming peer"
+        who = dialed or f"an incoming peer from {source}"
         self._handshaking += 1
         try:
             with trio.fail_after(self.handshake_timeout):
@@ -673,7 +697,7 @@ class TcpTransport:
     async def _accept(self, stream: trio.SocketStream) -> None:
         self._counts["connections_accepted"] += 1
         try:
-            source = stream.socket.getpeername()[0]
+            source = source_of(stream.socket.getpeername()[0])
         except (OSError, IndexError, TypeError):
             source = "?"
         try:
@@ -687,17 +711,32 @@ class TcpTransport:
             if not self._make_room():
                 self._counts["connections_refused"] += 1
                 self._events.warning("connection_refused",
-                                     "refusing an incoming connection: %d connections are open",
-                                     len(self._open), peer=source, open=len(self._open))
+                                     "refusing an incoming connection from %s: %d connections "
+                                     "are open and busy, %d in the handshake", source,
+                                     len(self._open), self._handshaking, peer=source,
+                                     open=len(self._open), handshaking=self._handshaking)
                 await self._refuse(stream, "too many connections")
                 return
             self._handshaking_from[source] = self._handshaking_from.get(source, 0) + 1
+            self._shakes_started += 1
+            ticket = self._shakes_started
+            scope = self._incoming_shakes[ticket] = trio.CancelScope()
+            while len(self._incoming_shakes) > max(1, self.max_connections // 4):
+                _, oldest = self._incoming_shakes.popitem(last=False)
+                oldest.cancel()
+                self._counts["handshakes_evicted"] += 1
             try:
-                peer, decoder, session = await self._handshake(stream, dialed=None)
+                with scope:
+                    peer, decoder, session = await self._handshake(stream, dialed=None,
+                                                                   source=source)
+                if scope.cancelled_caught:
+                    self._counts["connections_refused"] += 1
+                    return
             except PeerUnreachable:
                 self._counts["connections_refused"] += 1
                 return
             finally:
+                self._incoming_shakes.pop(ticket, None)
                 left = self._handshaking_from.pop(source) - 1
                 if left:
                     self._handshaking_from[source] = left

@@ -15,7 +15,7 @@ from hostile import RawClient, raw_connect
 import ketten
 from ketten import Identity, NodeConfig, open_node
 from ketten.adapters._framing import Auth, FrameDecoder, Hello, Refuse, Reply, Request
-from ketten.adapters.tcp import parse_address
+from ketten.adapters.tcp import parse_address, source_of
 from ketten.wire import encode_message
 
 PM = ketten.plugin_manager()
@@ -57,6 +57,34 @@ async def test_silent_handshakes_from_one_address_take_only_their_share() -> Non
         assert stats.refused_per_source == 32
         for c in floods:
             await trio.aclose_forcefully(c.stream)
+
+
+async def test_silent_handshakes_from_many_addresses_cannot_keep_honest_peers_out() -> None:
+    """Forty addresses hold eight silent handshakes each (more than every slot): at most
+    a quarter of the slots are in the handshake, a new one ends the oldest, and an
+    honest peer connects and is served while the flood goes on."""
+    async with node_at("127.0.0.1", handshake_timeout=30.0, max_connections=64) as node:
+        floods = []
+        for n in range(40):
+            for _ in range(8):
+                floods.append(await _silent(node.address, f"127.0.1.{n + 1}"))
+        with trio.fail_after(10):
+            while node.transport.statistics().handshakes_evicted < 40 * 8 - 16:
+                await trio.sleep(0.01)
+        async with node_at("127.0.0.3") as honest:
+            for i in range(3):
+                with trio.fail_after(10):
+                    assert await honest.call(node.address, "echo", i) == i
+        assert node.transport.statistics().handshakes_evicted >= 40 * 8 - 16
+        for c in floods:
+            await trio.aclose_forcefully(c.stream)
+
+
+def test_an_ipv6_source_is_its_64_network() -> None:
+    assert source_of("2001:db8::1") == source_of("2001:db8::ffff:1") == "2001:db8::/64"
+    assert source_of("2001:db8:0:1::1") != source_of("2001:db8::1")
+    assert source_of("::ffff:10.0.0.1") == source_of("10.0.0.1") == "10.0.0.1"
+    assert source_of("10.0.0.1") != source_of("10.0.0.2")
 
 
 async def test_idle_authenticated_connections_from_one_address_are_capped() -> None:
