@@ -73,7 +73,7 @@ async def test_a_refused_peer_is_logged_with_the_reason(caplog: pytest.LogCaptur
             await b.pull(a.address, criterion_key("x"))
     # Each side refuses the other, naming the mismatch; the dialer names the address.
     refusals = _records(caplog, "peer_refused")
-    assert {r.ketten["peer"] for r in refusals} == {a.address, "an incoming peer"}
+    assert {r.ketten["peer"] for r in refusals} == {a.address, "an incoming peer from 127.0.0.1"}
     assert all("replication factor" in r.ketten["reason"] for r in refusals)
     assert all(r.filename == "tcp.py" for r in refusals)
 

@@ -20,6 +20,7 @@ up to the commit.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
@@ -198,14 +199,23 @@ class Harness:
         self.replicas[i] = Replica(KEY, old.own, self.disks[i], self.head(i),
                                    election_timeout=3.0)
 
+    def vouched(self, j: int, i: int, configs: Sequence[ChainConfig]) -> bool:
+        """What replica ``j``'s driver learns when it asks the others (every replica is
+        near the key here) whether ``i`` is a voter it missed."""
+        if not self.replicas[j].needs_voucher(KEYS[i], configs):
+            return False
+        return any(r.config is not None and r.config.is_voter(KEYS[i])
+                   for n, r in enumerate(self.replicas) if n not in (i, j))
+
     def deliver(self, index: int, duplicate: bool) -> None:
         message = self.pool[index] if duplicate else self.pool.pop(index)
         kind = message[0]
         if kind == "vote":
             _, i, j, item = message
-            answer = self.replicas[j].on_vote(KEYS[i], item.term, item.pre, item.rank,
-                                              self.now, force=item.force,
-                                              proposed=item.proposed)
+            answer = self.replicas[j].on_vote(
+                KEYS[i], item.term, item.pre, item.rank, self.now, force=item.force,
+                proposed=item.proposed,
+                vouched=self.vouched(j, i, () if item.proposed is None else (item.proposed,)))
             if answer.state is not None:
                 self.persist(j)
             self.pool.append(("voted", j, i, item,
@@ -235,7 +245,8 @@ class Harness:
                 seqs.append(follower.commit[0])
             outcome = follower.on_append(KEYS[i], plan.term, plan.start, prev, events,
                                          plan.commit, plan.configs, self.now,
-                                         self.hashes(j, seqs))
+                                         self.hashes(j, seqs),
+                                         vouched=self.vouched(j, i, plan.configs))
             store = self.stores[j]
             if outcome.truncate_from is not None:
                 for seq in range(outcome.truncate_from, len(store)):

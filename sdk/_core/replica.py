@@ -313,7 +313,7 @@ class Replica:
         if st.configs:
             allowed = vouched or self.trusts(sender)
         else:
-            allowed = not configs or any(c.is_voter(sender) for c in configs)
+            allowed = any(c.is_voter(sender) for c in configs)
         if not allowed:
             return AppendOutcome(self._ack(AckStatus.REFUSED, "the sender is not a voter of "
                                            "any configuration this broker holds"))

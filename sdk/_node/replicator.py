@@ -50,6 +50,7 @@ from .._core.messages import (
     VoteResult,
 )
 from .._core.outbox import Outbox
+from .._core.quota import RateLimit
 from .._core.reconfig import Change, Reconfiguration
 from .._core.recovery import Recovery
 from .._core.replica import (
@@ -143,6 +144,11 @@ class ReplicationOptions:
     """A broker starts at most ``creation_burst`` chains of one author at once, then
     ``creations_per_second``; beyond that a publish that would start one fails with
     :class:`~ketten.errors.QuotaExceeded`."""
+    peer_chains_per_second: float = 1024.0
+    peer_chain_burst: int = 16384
+    """One peer makes this node a broker of at most ``peer_chain_burst`` chains it held
+    nothing of (appends and vote requests) at once, then ``peer_chains_per_second``;
+    beyond that they are refused, so a stranger cannot fill its disk."""
     author_bytes_per_second: float = float(16 << 20)
     author_bytes_burst: int = 256 << 20
     """A leader accepts at most ``author_bytes_burst`` bytes of events of one author at
@@ -161,8 +167,8 @@ class ReplicationOptions:
     verify_threads: int | None = None
     """Worker threads that check the signatures of long runs of received events
     (catch-up, reads, subscriptions); 0: on the event loop. ``None``: as many as
-    cores, up to 4, except on the simulated ``memory`` network, whose virtual time
-    a worker thread would break."""
+    cores, up to 4, except under a virtual clock (``trio.testing.MockClock``), which
+    a worker thread would race."""
     request_timeout: float = 5.0
     batch_bytes: int = 1 << 20
     time: Callable[[], int] | None = None
@@ -172,7 +178,7 @@ class ReplicationOptions:
                        "catch_up_limit", "creation_memory", "allow_recovery",
                        "creations_per_second", "creation_burst", "author_bytes_per_second",
                        "author_bytes_burst", "max_publishing", "copies_events", "verify_threads",
-                       "time"})
+                       "peer_chains_per_second", "peer_chain_burst", "time"})
 
     @classmethod
     def parse(cls, options: Mapping[str, Any], *, request_timeout: float,
@@ -202,6 +208,9 @@ class ReplicationOptions:
             creation_memory=_positive(options, "creation_memory", 600.0),
             creations_per_second=_positive(options, "creations_per_second", 64.0, "chains"),
             creation_burst=_at_least(options, "creation_burst", 1024),
+            peer_chains_per_second=_positive(options, "peer_chains_per_second", 1024.0,
+                                             "chains"),
+            peer_chain_burst=_at_least(options, "peer_chain_burst", 16384),
             author_bytes_per_second=_positive(options, "author_bytes_per_second",
                                               float(16 << 20), "bytes"),
             author_bytes_burst=_at_least(options, "author_bytes_burst", 256 << 20,
@@ -300,6 +309,8 @@ class Replicator:
     _committed: list[Callable[[bytes, Pos], None]] = attrs.field(factory=list, init=False)
     _released: list[Callable[[bytes, int], None]] = attrs.field(factory=list, init=False)
     _learner_members: dict[bytes, Member] = attrs.field(factory=dict, init=False)
+    _taken_on: RateLimit = attrs.field(init=False)
+    """Chains this node took on as a broker, per peer that asked it to."""
     _vouches: OrderedDict[bytes, tuple[bool, float]] = attrs.field(factory=OrderedDict,
                                                                   init=False)
     """Per chain and sender, whether trusted nodes named it a voter, and until when
@@ -317,6 +328,8 @@ class Replicator:
 
     def __attrs_post_init__(self) -> None:
         self._watch_moves = MoveWatch(self.options.hysteresis)
+        self._taken_on = RateLimit(self.options.peer_chains_per_second,
+                                   self.options.peer_chain_burst)
         self._counts = dict.fromkeys(
             ("elections_won", "elections_lost", "appends_sent", "append_requests", "commit_notices",
              "events_synced", "forks_resolved", "reconfigurations", "anti_entropy_rounds",
@@ -784,6 +797,9 @@ class Replicator:
             return AppendAck(criterion, "conflict", 0, 0, replica.head, replica.state.epoch,
                              None, (), "another chain of this criterion",
                              await self.genesis(criterion))
+        if not await self._may_take_on(criterion, peer):
+            return AppendAck(criterion, "refused", 0, 0, None, 0, None, (),
+                             "this peer made this node a broker of too many chains lately")
         vouched = await self._vouched(criterion, peer, item.configs)
         async with self.chains.lock(criterion):
             replica = await self.replica(criterion, create=True)
@@ -853,16 +869,16 @@ class Replicator:
         replica = await self.replica(criterion)
         if replica is None or not replica.needs_voucher(sender, configs):
             return False
+        held = replica.config
+        candidates = [] if held is None else list(held.members())
         now = trio.current_time()
         key = criterion + sender
         known = self._vouches.get(key)
         if known is not None and known[1] > now:
             return known[0]
         own = self.own().key
-        config = replica.config
         asked: dict[bytes, Member] = {}
-        for member in [*(() if config is None else config.members()),
-                       *self.sets.desired(criterion)]:
+        for member in [*candidates, *self.sets.desired(criterion)]:
             if member.key not in (own, sender):
                 asked.setdefault(member.key, member)
         vouched = False
@@ -890,6 +906,22 @@ class Replicator:
             self._vouches.popitem(last=False)
         return vouched
 
+    async def _may_take_on(self, criterion: bytes, peer: Peer) -> bool:
+        """Whether ``peer`` may make this node a broker of ``criterion`` now: always for a
+        chain it holds state of; else within the peer's share (``peer_chain_burst`` at
+        once, then ``peer_chains_per_second``)."""
+        if await self.replica(criterion) is not None:
+            return True
+        if self._taken_on.allow(peer.public_key, trio.current_time()):
+            return True
+        self._events.warning(
+            "broker_quota", "%s: %s (%s) asked this node to become a broker of more than %d "
+            "chains at once, then more than %g per second: refused", self.own().address,
+            peer.address, peer.public_key.hex()[:16], self.options.peer_chain_burst,
+            self.options.peer_chains_per_second, key=f"taken-on:{peer.public_key.hex()}",
+            peer=peer.address, criterion=criterion.hex())
+        return False
+
     async def _locator(self, criterion: bytes, head: Pos | None) -> tuple[Pos, ...]:
         if head is None:
             return ()
@@ -907,6 +939,8 @@ class Replicator:
 
     async def _vote(self, peer: Peer, item: VoteItem) -> VoteResult:
         criterion = item.criterion
+        if item.proposed is not None and not await self._may_take_on(criterion, peer):
+            return VoteResult(criterion, False, 0)
         vouched = await self._vouched(criterion, peer,
                                       () if item.proposed is None else (item.proposed,))
         async with self.chains.lock(criterion):

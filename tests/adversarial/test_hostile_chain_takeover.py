@@ -81,3 +81,42 @@ async def test_a_stranger_cannot_lead_vote_in_or_write_to_a_chain() -> None:
             after = await node.read(key, deadline=10)
             assert [e.payload for e in after] == [b"honest %d" % n for n in range(6)]
             assert after[:3] == before
+
+
+async def test_a_stranger_makes_a_node_the_broker_of_a_bounded_number_of_chains() -> None:
+    """Appends that would make a node the broker of chains it holds nothing of, each
+    naming the stranger the only voter, are taken within the stranger's share of
+    ``peer_chain_burst``, then refused before anything is stored; an append that
+    names no configuration at all makes nobody a broker."""
+    config = NodeConfig(identity=Identity.generate(), transport="tcp", overlay="static",
+                        request_timeout=2.0,
+                        options={"replication": {"peer_chain_burst": 10,
+                                                 "peer_chains_per_second": 0.01}})
+    async with open_node(config, plugins=PM) as node:
+        stranger = Identity.generate()
+        own = ChainConfig(1, [Member(stranger.public_key, "127.0.0.9:1")], (), -1, 0)
+        peer = HostilePeer(node.address, identity=stranger, claimed="127.0.0.9:1")
+
+        async def append(name: str, configs: tuple[ChainConfig, ...]) -> tuple[str, str]:
+            key = criterion_key(name)
+            genesis = Event.create(stranger, criterion=key, seq=0, prev=None,
+                                   payload=bytes(10_000), time=0)
+            item = AppendItem(key, 1, None, None, (genesis.to_bytes(),), None, configs,
+                              genesis.hash)
+            kind, body = await peer.request("append", Append((item,)).to_wire(), timeout=10)
+            if kind == "error":
+                return "error", body
+            assert kind == "reply"
+            ack = AppendReply.from_wire(decode_message(body)[1]).acks[0]
+            return ack.status, ack.reason
+
+        # Without a configuration the message itself is malformed.
+        assert await append("no configuration", ()) == ("error", "DecodeError")
+        statuses = [await append(f"filler {n}", (own,)) for n in range(30)]
+        await peer.aclose()
+        assert sum(status == "ok" for status, _ in statuses) <= 10
+        assert all(status == "refused" and "too many chains" in reason
+                   for status, reason in statuses[10:])
+        for n in range(10, 30):
+            assert await node.store.head(criterion_key(f"filler {n}")) is None
+        assert await node.store.head(criterion_key("no configuration")) is None
