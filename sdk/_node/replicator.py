@@ -84,10 +84,10 @@ _KNOWN_CURSOR = "ketten/known"
 _LOST_CURSOR = "ketten/yielded"
 """Chains this node gave up (criterion and genesis, 64 bytes each): it refuses them."""
 _FULL_ROUNDS = 8
+"""Every this many background rounds look at every chain, changed or not."""
 _VOUCH_MEMORY = 10.0
 """Seconds an answer to "is this sender a voter?" is remembered (see ``_vouched``)."""
 _MAX_VOUCHES = 4096
-"""Every this many background rounds look at every chain, changed or not."""
 
 
 def _positive(options: Mapping[str, Any], name: str, default: float,
