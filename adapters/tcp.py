@@ -26,8 +26,8 @@ and ``max_per_source`` connections it dialed (the least recently used idle
 one is closed to make room, as for ``max_connections``), so one host
 cannot take every slot; an IPv6 source is its /64 network. At most a quarter
 of ``max_connections`` incoming connections are in the handshake at once: a
-new one ends the oldest (an honest handshake takes milliseconds), so hosts
-that open connections and say nothing cannot keep others out. A frame whose first byte
+new one ends the oldest of the source with the most under way, so hosts that
+open connections and say nothing lose their own and cannot keep others out. A frame whose first byte
 arrived must be complete within ``frame_timeout`` (and a frame being sent
 must leave within it, else the connection is closed); a connection with no
 request outstanding in either direction and no frame for ``idle_timeout``
@@ -135,7 +135,8 @@ class TcpStatistics:
     handshakes_timed_out: int
     handshakes_evicted: int
     """Incoming handshakes ended early for a newer one, when a quarter of
-    ``max_connections`` were in the handshake (an honest one takes milliseconds)."""
+    ``max_connections`` were in the handshake (the oldest of the source with the
+    most under way)."""
     malformed_frames: int
     stalled_frames: int
     """Connections closed because a frame of the peer's did not arrive whole in time."""
@@ -287,9 +288,9 @@ class TcpTransport:
     _dialing: dict[str, trio.Event] = attrs.field(factory=dict, init=False)
     _handshaking: int = attrs.field(default=0, init=False)
     _handshaking_from: dict[str, int] = attrs.field(factory=dict, init=False)
-    _incoming_shakes: OrderedDict[int, trio.CancelScope] = attrs.field(factory=OrderedDict,
-                                                                      init=False)
-    """Incoming connections in the handshake, oldest first."""
+    _incoming_shakes: OrderedDict[int, tuple[str, trio.CancelScope]] = attrs.field(
+        factory=OrderedDict, init=False)
+    """Incoming connections in the handshake, oldest first, with their sources."""
     _shakes_started: int = attrs.field(default=0, init=False)
     _peer_limits: dict[bytes, tuple[trio.Semaphore, int]] = attrs.field(factory=dict, init=False)
     """Per peer key: its requests in flight (shared by all its connections), and how
@@ -694,6 +695,17 @@ class TcpTransport:
         self._forget(victim)
         return None
 
+    def _evict_handshake(self) -> None:
+        """End the oldest handshake of the source with the most under way: a host that
+        opens many and says nothing loses its own first, a peer with one keeps it."""
+        crowded = max(self._handshaking_from, key=self._handshaking_from.__getitem__)
+        oldest = next(iter(self._incoming_shakes))
+        ticket = next((t for t, (source, _) in self._incoming_shakes.items()
+                       if source == crowded), oldest)
+        _, scope = self._incoming_shakes.pop(ticket)
+        scope.cancel()
+        self._counts["handshakes_evicted"] += 1
+
     async def _accept(self, stream: trio.SocketStream) -> None:
         self._counts["connections_accepted"] += 1
         try:
@@ -720,11 +732,10 @@ class TcpTransport:
             self._handshaking_from[source] = self._handshaking_from.get(source, 0) + 1
             self._shakes_started += 1
             ticket = self._shakes_started
-            scope = self._incoming_shakes[ticket] = trio.CancelScope()
-            while len(self._incoming_shakes) > max(1, self.max_connections // 4):
-                _, oldest = self._incoming_shakes.popitem(last=False)
-                oldest.cancel()
-                self._counts["handshakes_evicted"] += 1
+            scope = trio.CancelScope()
+            self._incoming_shakes[ticket] = (source, scope)
+            if len(self._incoming_shakes) > max(1, self.max_connections // 4):
+                self._evict_handshake()
             try:
                 with scope:
                     peer, decoder, session = await self._handshake(stream, dialed=None,

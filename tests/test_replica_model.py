@@ -660,3 +660,16 @@ def test_a_stranger_proposing_its_own_configuration_gets_no_vote_and_moves_no_te
     # A broker that holds no configuration yet (a new member) still takes the proposed one.
     fresh = Replica(KEY, STRANGER, ChainState(), None)
     assert fresh.on_vote(KEYS[0], 2, False, rank, 100.0, proposed=first).granted
+
+
+def test_a_voter_of_an_older_configuration_held_here_still_gets_a_vote() -> None:
+    # B holds C1 and a pending C2 that leaves S out; C2 is abandoned and S, further
+    # ahead, stands in C1: B must not refuse it (only strangers need a voucher).
+    s_key, b_key = KEYS[0], KEYS[1]
+    c1 = ChainConfig(1, MEMBERS[:3], (), -1, 1)
+    c2 = ChainConfig(2, MEMBERS[1:4], (), 5, 1)
+    voter = Replica(KEY, b_key, ChainState(term=2, log_term=1, configs=(c1, c2)), (5, b"h" * 32))
+    assert voter.trusts(s_key) and not voter.needs_voucher(s_key, (c1,))
+    assert voter.on_vote(s_key, 3, True, (2, 9, 1), 100.0, proposed=c1).granted
+    answer = voter.on_vote(s_key, 3, False, (2, 9, 1), 100.0, proposed=c1)
+    assert answer.granted and voter.state.term == 3

@@ -520,7 +520,7 @@ class Replica:
         # candidate known only from the configuration it proposes counts where this
         # broker holds none, or where trusted nodes vouched for it (``vouched``, see
         # :meth:`needs_voucher`): a stranger must not raise the term, nor win.
-        known = (config is not None and config.is_voter(sender)) or (
+        known = self.trusts(sender) or (
             proposed is not None and proposed.is_voter(sender)
             and (not st.configs or vouched))
         if not known:

@@ -80,6 +80,23 @@ async def test_silent_handshakes_from_many_addresses_cannot_keep_honest_peers_ou
             await trio.aclose_forcefully(c.stream)
 
 
+async def test_a_full_handshake_table_ends_the_crowding_sources_handshakes_first() -> None:
+    """Sixteen slots, four for handshakes: one host keeps opening silent ones; a slow
+    peer from another address that is in the handshake keeps its place."""
+    async with node_at("127.0.0.1", handshake_timeout=30.0, max_connections=16) as node:
+        flood = [await _silent(node.address, "127.0.0.2") for _ in range(3)]
+        slow = await _silent(node.address, "127.0.0.3")
+        assert isinstance(await slow.frame(), Hello)
+        for _ in range(10):
+            flood.append(await _silent(node.address, "127.0.0.2"))
+            await flood[-1].frame()
+        assert node.transport.statistics().handshakes_evicted >= 9
+        with trio.move_on_after(0.3):
+            assert await slow._receive() != b"", "the slow peer's handshake was ended"
+        for c in [*flood, slow]:
+            await trio.aclose_forcefully(c.stream)
+
+
 def test_an_ipv6_source_is_its_64_network() -> None:
     assert source_of("2001:db8::1") == source_of("2001:db8::ffff:1") == "2001:db8::/64"
     assert source_of("2001:db8:0:1::1") != source_of("2001:db8::1")
