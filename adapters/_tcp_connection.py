@@ -51,7 +51,8 @@ class Connection:
     max_queued: int = 8 << 20
     """Bytes of frames waiting behind a write under way beyond which a sender waits
     its turn: a peer that stops reading holds up its own answers (and, through the
-    request slots they keep, its own requests), never this node's memory."""
+    request slots they keep, its own requests); what waits in memory for it stays
+    within this bound (and the write under way) per connection."""
     _outbox: list[bytes] = attrs.field(factory=list, init=False)
     _queued: int = attrs.field(default=0, init=False)
     _room: trio.Event = attrs.field(factory=trio.Event, init=False)

@@ -542,6 +542,9 @@ class TcpTransport:
                           initiator=dialed is not None, nonce=secrets.token_bytes(32))
         decoder = FrameDecoder(_HANDSHAKE_FRAME_LIMIT)
         who = dialed or f"an incoming peer from {source}"
+        # Incoming peers share one key per kind of failure: the log stays rate-limited
+        # whatever number of sources a flood comes from.
+        topic = dialed or "incoming"
         self._handshaking += 1
         try:
             with trio.fail_after(self.handshake_timeout):
@@ -563,21 +566,21 @@ class TcpTransport:
             self._counts["handshakes_failed"] += 1
             if exc.by_peer:
                 self._events.warning("refused_by_peer", "%s refused us: %s", who, exc.reason,
-                                     key=f"refused-by:{who}", peer=who, reason=exc.reason)
+                                     key=f"refused-by:{topic}", peer=who, reason=exc.reason)
             else:
                 self._events.warning("peer_refused", "refusing %s: %s", who, exc.reason,
-                                     key=f"refused:{who}", peer=who, reason=exc.reason)
+                                     key=f"refused:{topic}", peer=who, reason=exc.reason)
             raise PeerUnreachable(f"handshake with {who} failed: {exc}") from None
         except (DecodeError, ProtocolError) as exc:
             self._counts["handshakes_failed"] += 1
             self._events.warning("peer_refused", "malformed handshake from %s: %s", who, exc,
-                                 key=f"malformed:{who}", peer=who, reason=str(exc))
+                                 key=f"malformed:{topic}", peer=who, reason=str(exc))
             raise PeerUnreachable(f"handshake with {who} failed: {exc}") from None
         except trio.TooSlowError:
             self._counts["handshakes_failed"] += 1
             self._counts["handshakes_timed_out"] += 1
             self._events.warning("handshake_timeout", "handshake with %s timed out after %s s",
-                                 who, self.handshake_timeout, key=f"slow:{who}", peer=who)
+                                 who, self.handshake_timeout, key=f"slow:{topic}", peer=who)
             raise PeerUnreachable(f"handshake with {who} timed out") from None
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
             self._counts["handshakes_failed"] += 1

@@ -899,7 +899,7 @@ class Replicator:
                 "voter_refused", "%s: %s (%s) claims to be a voter of criterion %s; no member "
                 "and no node near the key names it one: its appends and vote requests are "
                 "refused", self.own().address, peer.address, sender.hex()[:16],
-                criterion.hex()[:16], key=f"vouch:{sender.hex()}", criterion=criterion.hex(),
+                criterion.hex()[:16], key="voter_refused", criterion=criterion.hex(),
                 sender=sender.hex(), address=peer.address)
         self._vouches[key] = (vouched, now + _VOUCH_MEMORY)
         while len(self._vouches) > _MAX_VOUCHES:
@@ -918,7 +918,7 @@ class Replicator:
             "broker_quota", "%s: %s (%s) asked this node to become a broker of more than %d "
             "chains at once, then more than %g per second: refused", self.own().address,
             peer.address, peer.public_key.hex()[:16], self.options.peer_chain_burst,
-            self.options.peer_chains_per_second, key=f"taken-on:{peer.public_key.hex()}",
+            self.options.peer_chains_per_second, key="broker_quota",
             peer=peer.address, criterion=criterion.hex())
         return False
 
