@@ -313,8 +313,9 @@ class Replicator:
     """Chains this node took on as a broker, per peer that asked it to."""
     _vouches: OrderedDict[bytes, tuple[bool, float]] = attrs.field(factory=OrderedDict,
                                                                   init=False)
-    """Per chain and sender, whether trusted nodes named it a voter, and until when
-    that answer stands."""
+    """Per chain and sender, whether trusted nodes named it a voter, and per chain and
+    rival genesis, whether one of them holds that chain (see :meth:`_rival_held`); and
+    until when that answer stands."""
     _repairs: dict[bytes, float] = attrs.field(factory=dict, init=False)
     _genesis: dict[bytes, tuple[bytes, int]] = attrs.field(factory=dict, init=False)
     _lost: OrderedDict[bytes, frozenset[bytes]] = attrs.field(factory=OrderedDict, init=False)
@@ -510,6 +511,8 @@ class Replicator:
         theirs = await self._rival_genesis(address, criterion, rival)
         first = await self.chains.range(criterion, 0, 1)
         if theirs is None or not first or first[0].hash != own or genesis_wins(first[0], theirs):
+            return False
+        if not await self._rival_held(criterion, rival, address):
             return False
         source = address
         async with self.chains.lock(criterion):
@@ -905,6 +908,55 @@ class Replicator:
         while len(self._vouches) > _MAX_VOUCHES:
             self._vouches.popitem(last=False)
         return vouched
+
+    async def _rival_held(self, criterion: bytes, rival: bytes, source: str) -> bool:
+        """Whether a node this one trusts holds the chain with genesis ``rival`` as one of
+        its voters: a member of the configuration held here or one of the nodes nearest
+        to the key.
+
+        Anyone can sign a first event of any criterion and stamp it as old as it
+        likes; were the word of the node that tells of it enough, one message from a
+        stranger would orphan a whole chain. Two chains of a criterion started on two
+        sides of a partition meet where the network puts the chain after the heal,
+        at the nodes nearest to its key, so those are asked. The answer is
+        remembered for a while, like a voucher's."""
+        now = trio.current_time()
+        key = b"rival" + criterion + rival
+        known = self._vouches.get(key)
+        if known is not None and known[1] > now:
+            return known[0]
+        replica = await self.replica(criterion)
+        held = None if replica is None else replica.config
+        own = self.own().key
+        asked: dict[bytes, Member] = {}
+        for member in [*([] if held is None else held.members()), *self.sets.desired(criterion)]:
+            if member.key != own:
+                asked.setdefault(member.key, member)
+        found = False
+
+        async def ask(member: Member) -> None:
+            nonlocal found
+            located = await self.sets.locate(member, criterion)
+            route = None if located is None else located.route
+            if (route is not None and route.genesis == rival
+                    and route.config.is_voter(member.key)):
+                found = True
+                nursery.cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for member in asked.values():
+                nursery.start_soon(ask, member)
+        if not found:
+            self._events.warning(
+                "rival_refused", "%s: %s told of another chain of criterion %s (genesis %s, "
+                "older than the one held here), but no member and no node near the key "
+                "holds it: the chain held here stays", self.own().address, source,
+                criterion.hex()[:16], rival.hex()[:16], key="rival_refused",
+                criterion=criterion.hex(), rival=rival.hex(), source=source)
+        self._vouches[key] = (found, now + _VOUCH_MEMORY)
+        while len(self._vouches) > _MAX_VOUCHES:
+            self._vouches.popitem(last=False)
+        return found
 
     async def _may_take_on(self, criterion: bytes, peer: Peer) -> bool:
         """Whether ``peer`` may make this node a broker of ``criterion`` now: always for a

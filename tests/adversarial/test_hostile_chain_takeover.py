@@ -120,3 +120,58 @@ async def test_a_stranger_makes_a_node_the_broker_of_a_bounded_number_of_chains(
         for n in range(10, 30):
             assert await node.store.head(criterion_key(f"filler {n}")) is None
         assert await node.store.head(criterion_key("no configuration")) is None
+
+
+async def test_a_stranger_cannot_wipe_a_chain_with_an_older_rival_genesis() -> None:
+    """A stranger starts the same criterion itself, with a genesis stamped older than
+    the real one (time 0), serves it from a node of its own and tells every broker
+    about it: in an append, in a vote request and in its answers. A chain started
+    twice is settled by the older genesis, but only for a rival that a node this one
+    trusts (a member of its configuration, a node nearest to the key) holds: the
+    stranger's word alone orphans nothing."""
+    key = criterion_key("rival takeover")
+    async with AsyncExitStack() as stack:
+        nodes: list[ketten.Node] = []
+        for _ in range(3):
+            seeds = [nodes[0].address] if nodes else []
+            nodes.append(await stack.enter_async_context(honest_node(seeds)))
+        await trio.sleep(1.0)
+        for n in range(3):
+            await nodes[0].publish(key, b"honest %d" % n, deadline=10)
+        before = await nodes[0].read(key, deadline=10)
+        config = await nodes[0].configuration(key)
+        assert config is not None
+
+        stranger = Identity.generate()
+        lair = await stack.enter_async_context(open_node(NodeConfig(
+            identity=stranger, transport="tcp", overlay="static", request_timeout=2.0),
+            plugins=PM))
+        forged = Event.create(stranger, criterion=key, seq=0, prev=None, payload=b"MINE",
+                              time=0)
+        await lair.store.append([forged])
+        forged_config = ChainConfig(1, [Member(stranger.public_key, lair.address)], (), -1, 0)
+        for node in nodes:
+            peer = HostilePeer(node.address, identity=stranger, claimed=lair.address)
+            item = AppendItem(key, 1, None, None, (forged.to_bytes(),), (0, forged.hash),
+                              (forged_config,), forged.hash)
+            kind, body = await peer.request("append", Append((item,)).to_wire(), timeout=10)
+            assert kind == "reply"
+            ack = AppendReply.from_wire(decode_message(body)[1]).acks[0]
+            assert ack.status != "ok"
+            ask = VoteItem(key, 1, False, (0, 0, 0), forged_config, force=True,
+                           genesis=forged.hash)
+            kind, body = await peer.request("vote", Vote((ask,)).to_wire(), timeout=10)
+            assert kind == "reply"
+            assert not VoteReply.from_wire(decode_message(body)[1]).results[0].granted
+            await peer.aclose()
+        await trio.sleep(3.0)  # settling runs in the background too
+
+        for node in nodes:
+            assert await node.store.head(key) is not None
+            kept = await node.configuration(key)
+            assert kept is not None and kept.voter_keys() == config.voter_keys()
+        await nodes[2].publish(key, b"honest 3", deadline=10)
+        for node in nodes:
+            after = await node.read(key, deadline=10)
+            assert [e.payload for e in after] == [b"honest %d" % n for n in range(4)]
+            assert after[:3] == before
