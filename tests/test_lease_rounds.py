@@ -62,6 +62,22 @@ def test_versions_rise_whatever_the_clock_says(clock: list[int]) -> None:
     assert all(v >= now for v, now in zip(versions, clock, strict=True))
 
 
+def test_notifications_count_from_the_brokers_of_this_round_and_the_one_before() -> None:
+    r = renewal(KEYS[:2])
+    assert not r.leased_at(KEYS[0], PEERS[0].key)  # nothing found yet: nobody counts
+    r.plan(OWN, 1_000, {KEYS[0]: [PEERS[0], PEERS[1]], KEYS[1]: [PEERS[2]]}, live=True)
+    assert r.leased_at(KEYS[0], PEERS[0].key) and r.leased_at(KEYS[1], PEERS[2].key)
+    assert not r.leased_at(KEYS[1], PEERS[0].key)  # a broker of another criterion
+    assert not r.leased_at(KEYS[0], PEERS[5].key)
+    # The chain moves: the former broker still counts for one round, then not.
+    r.plan(OWN, 2_000, {KEYS[0]: [PEERS[1], PEERS[3]], KEYS[1]: None}, live=True)
+    assert r.leased_at(KEYS[0], PEERS[0].key) and r.leased_at(KEYS[0], PEERS[3].key)
+    assert r.leased_at(KEYS[1], PEERS[2].key)  # not found this round: the last ones stay
+    r.plan(OWN, 3_000, {KEYS[0]: [PEERS[1], PEERS[3]], KEYS[1]: None}, live=True)
+    assert not r.leased_at(KEYS[0], PEERS[0].key) and r.leased_at(KEYS[0], PEERS[3].key)
+    assert r.leased_at(KEYS[1], PEERS[2].key)
+
+
 def test_a_drop_is_a_lease_that_is_not_live() -> None:
     plan = renewal(KEYS[:1]).plan(OWN, 1, {KEYS[0]: [ME]}, live=False)
     assert plan.local_lease(ME, 1).live is False

@@ -79,6 +79,8 @@ class Renewal:
     check: float
     """Seconds between renewals once every criterion's brokers are found."""
     _version: int = attrs.field(default=0, init=False)
+    _brokers: dict[bytes, frozenset[bytes]] = attrs.field(factory=dict, init=False)
+    _before: dict[bytes, frozenset[bytes]] = attrs.field(factory=dict, init=False)
 
     def plan(self, own: bytes, now_ms: int,
              brokers: Mapping[bytes, Sequence[Member] | None], *, live: bool) -> RenewalPlan:
@@ -88,19 +90,27 @@ class Renewal:
         local: list[bytes] = []
         remote: dict[bytes, tuple[Member, list[bytes]]] = {}
         placed = True
+        self._before, found = self._brokers, dict(self._brokers)
         for key in self.keys:
             members = brokers.get(key)
             if not members:
                 placed = False
                 continue
+            found[key] = frozenset(m.key for m in members)
             for member in members:
                 if member.key == own:
                     local.append(key)
                 else:
                     remote.setdefault(member.key, (member, []))[1].append(key)
+        self._brokers = found
         return RenewalPlan(self.sid, self._version, int(self.ttl * 1000), live, tuple(local),
                            tuple((remote[k][0], tuple(remote[k][1])) for k in sorted(remote)),
                            placed)
+
+    def leased_at(self, key: bytes, broker: bytes) -> bool:
+        """Whether ``broker`` is one of ``key``'s brokers found for this round or the one
+        before (while a chain moves, the old brokers may still notify)."""
+        return broker in self._brokers.get(key, ()) or broker in self._before.get(key, ())
 
     def next_in(self, placed: bool, rand: float) -> float:
         """Seconds until the next round; ``rand`` in [0, 1) jitters it by ±25 %."""

@@ -156,7 +156,9 @@ class SubscriptionStatistics:
     ``peak_buffered``: the most that ever waited (at most the ``buffer`` option,
     plus what one offer releases from the delivery plugin's holdback);
     ``dropped``: events skipped because the application was too slow
-    (``overflow="drop"`` only);
+    (``overflow="drop"`` only); ``refused``: notifications ignored because
+    they came from a peer that is none of the criterion's brokers the
+    subscription found (only a broker's word makes an event committed);
     ``delivery``: the plugin's own statistics.
     """
 
@@ -171,6 +173,7 @@ class SubscriptionStatistics:
     buffered: int
     peak_buffered: int
     dropped: int
+    refused: int
     delivery: Any
 
 
@@ -320,7 +323,7 @@ class Feeds:
         key = field(body, "c", bytes, where=_NOTIFY)
         raw = field(body, "e", bytes, where=_NOTIFY)
         feed = self._feeds.get(sid)
-        if feed is None or key not in feed.keys:
+        if feed is None or key not in feed.keys or not feed.accepts(key, peer.public_key):
             return
         event = self.chains.decode(raw, key, where=_NOTIFY)
         feed.push(_Note(key, peer.public_key, event=event, commit=(event.seq, event.hash)))
@@ -524,12 +527,20 @@ class Feed:
         self._causal = callable(getattr(self.delivery, "note_head", None)) and len(self.keys) > 1
         self._counts = dict.fromkeys(
             ("notified", "stored", "gaps", "sync_failures", "head_checks", "invalid",
-             "delivered", "holdback_full", "peak_buffered", "dropped"), 0)
+             "delivered", "holdback_full", "peak_buffered", "dropped", "refused"), 0)
 
     def statistics(self) -> SubscriptionStatistics:
         stats = getattr(self.delivery, "statistics", None)
         return SubscriptionStatistics(delivery=stats() if callable(stats) else None,
                                       buffered=len(self._ready), **self._counts)
+
+    def accepts(self, key: bytes, broker: bytes) -> bool:
+        """Whether a notification about ``key`` from ``broker`` counts: only from the
+        brokers the lease rounds found for it (a subscription's id is no secret)."""
+        if self._renewal.leased_at(key, broker):
+            return True
+        self._counts["refused"] += 1
+        return False
 
     def push(self, note: _Note) -> None:
         try:

@@ -69,3 +69,44 @@ async def test_one_subscriber_holds_few_leases_on_one_chain(
         await writer.publish(key, b"second")
         assert victim.subscription_statistics().notifications_sent <= 16
         await hostile.aclose()
+
+
+async def test_a_stranger_cannot_slip_an_event_into_a_subscription(
+    plugins: pluggy.PluginManager,
+) -> None:
+    """A durable subscription's id follows from the subscriber's public key and the
+    subscription's name, so anyone can address notifications to it. A stranger
+    notifies an event of its own that extends the subscriber's copy: only the
+    criterion's brokers make an event committed, so the subscriber neither stores
+    nor returns it, and gets the real next event."""
+    import hashlib
+
+    from ketten import Event, Identity
+
+    async with open_cluster(4, plugins=plugins, transport="tcp", overlay="static",
+                            settle=1.0) as c:
+        key = criterion_key("slipped")
+        writer = c.nodes[c.brokers(key)[0]]
+        reader = c.nodes[next(i for i in c.nodes if i not in c.brokers(key))]
+        first = await writer.publish(key, b"first")
+        sub = await reader.durable_subscription("orders", key)
+        with trio.fail_after(20):
+            assert (await sub.get()).payload == b"first"
+        stranger = Identity.generate()
+        forged = Event.create(stranger, criterion=key, seq=1, prev=first.hash,
+                              payload=b"FORGED", time=first.time + 1)
+        sid = hashlib.sha256(b"ketten-durable\0" + reader.identity.public_key
+                             + b"orders").digest()[:16]
+        hostile = HostilePeer(reader.address, identity=stranger)
+        for _ in range(3):
+            await hostile.message("subev", {"s": sid, "c": key, "e": forged.to_bytes()})
+        await trio.sleep(1.0)
+        await writer.publish(key, b"second")
+        with trio.fail_after(20):
+            second = await sub.get()
+        assert second.payload == b"second" and second.author == writer.identity.public_key
+        assert [e.payload for e in await reader.store.range(key, 0, 10)] == [b"first",
+                                                                             b"second"]
+        assert sub.statistics().refused >= 3
+        await sub.aclose()
+        await hostile.aclose()
