@@ -7,7 +7,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ketten import DecodeError, criterion_key
-from ketten._core.lease_rounds import RETRY_PERIOD, Renewal, RenewalPlan, merge_batches
+from ketten._core.lease_rounds import (
+    HURRY_AFTER_MS,
+    RETRY_PERIOD,
+    Renewal,
+    RenewalPlan,
+    merge_batches,
+)
 from ketten._core.membership import Member
 
 SID = b"s" * 16
@@ -76,6 +82,17 @@ def test_notifications_count_from_the_brokers_of_this_round_and_the_one_before()
     r.plan(OWN, 3_000, {KEYS[0]: [PEERS[1], PEERS[3]], KEYS[1]: None}, live=True)
     assert not r.leased_at(KEYS[0], PEERS[0].key) and r.leased_at(KEYS[0], PEERS[3].key)
     assert r.leased_at(KEYS[1], PEERS[2].key)
+
+
+def test_a_notification_from_an_unknown_broker_hurries_the_next_round_once() -> None:
+    r = renewal(KEYS[:1])
+    assert not r.hurry(10_000)  # no round yet: the first one is on its way
+    r.plan(OWN, 10_000, {KEYS[0]: [PEERS[0]]}, live=True)
+    assert not r.hurry(10_000 + HURRY_AFTER_MS - 1)  # too soon after the round
+    assert r.hurry(10_000 + HURRY_AFTER_MS)
+    assert not r.hurry(10_000 + 5 * HURRY_AFTER_MS)  # once per round
+    r.plan(OWN, 20_000, {KEYS[0]: [PEERS[0]]}, live=True)
+    assert r.hurry(20_000 + HURRY_AFTER_MS)
 
 
 def test_a_drop_is_a_lease_that_is_not_live() -> None:

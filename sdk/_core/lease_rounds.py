@@ -31,6 +31,11 @@ __all__ = ["Renewal", "RenewalPlan", "merge_batches"]
 RETRY_PERIOD = 1.0
 """Seconds between renewals while some criterion's brokers are not found."""
 
+HURRY_AFTER_MS = 2_000
+"""A notification from a peer the last round did not find (the chain may have moved)
+brings the next round forward, at most once per round and no sooner than this after
+it: a stranger's notifications cannot make rounds much more frequent."""
+
 
 @attrs.frozen
 class RenewalPlan:
@@ -81,12 +86,15 @@ class Renewal:
     _version: int = attrs.field(default=0, init=False)
     _brokers: dict[bytes, frozenset[bytes]] = attrs.field(factory=dict, init=False)
     _before: dict[bytes, frozenset[bytes]] = attrs.field(factory=dict, init=False)
+    _planned_ms: int | None = attrs.field(default=None, init=False)
+    _hurried: bool = attrs.field(default=False, init=False)
 
     def plan(self, own: bytes, now_ms: int,
              brokers: Mapping[bytes, Sequence[Member] | None], *, live: bool) -> RenewalPlan:
         """The next round, given each criterion's brokers (``None``: they could not
         be found). ``live=False`` drops the subscription instead."""
         self._version = max(now_ms, self._version + 1)
+        self._planned_ms, self._hurried = now_ms, False
         local: list[bytes] = []
         remote: dict[bytes, tuple[Member, list[bytes]]] = {}
         placed = True
@@ -111,6 +119,15 @@ class Renewal:
         """Whether ``broker`` is one of ``key``'s brokers found for this round or the one
         before (while a chain moves, the old brokers may still notify)."""
         return broker in self._brokers.get(key, ()) or broker in self._before.get(key, ())
+
+    def hurry(self, now_ms: int) -> bool:
+        """A notification came from a peer :meth:`leased_at` does not know: should the
+        next round start now? (See :data:`HURRY_AFTER_MS`.)"""
+        if (self._hurried or self._planned_ms is None
+                or now_ms - self._planned_ms < HURRY_AFTER_MS):
+            return False
+        self._hurried = True
+        return True
 
     def next_in(self, placed: bool, rand: float) -> float:
         """Seconds until the next round; ``rand`` in [0, 1) jitters it by ±25 %."""

@@ -517,6 +517,7 @@ class Feed:
     _blocked: HoldbackFull | None = attrs.field(default=None, init=False)
     """When this feed last asked every broker for commits before releasing events."""
     _renewal: Renewal = attrs.field(init=False)
+    _hurry: trio.Event = attrs.field(factory=trio.Event, init=False)
     _causal: bool = attrs.field(default=False, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
@@ -540,6 +541,8 @@ class Feed:
         if self._renewal.leased_at(key, broker):
             return True
         self._counts["refused"] += 1
+        if self._renewal.hurry(self.feeds.now_ms()):
+            self._hurry.set()  # the chain may have moved: look its brokers up now
         return False
 
     def push(self, note: _Note) -> None:
@@ -637,7 +640,9 @@ class Feed:
                         placed = await self.renew()
                     except KettenError:
                         placed = False  # brokers unreachable or a store error: try again soon
-                await trio.sleep(self._renewal.next_in(placed, rng.random()))
+                with trio.move_on_after(self._renewal.next_in(placed, rng.random())):
+                    await self._hurry.wait()
+                self._hurry = trio.Event()
 
     # -- the pump ----------------------------------------------------------
 
