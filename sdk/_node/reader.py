@@ -48,6 +48,12 @@ class Reader:
     fetch_above: int = 256
     """Events a reader's copy must lack before they are fetched from providers."""
     fetch_timeout: float = 30.0
+    _steps: dict[ReadStep, Callable[[bytes, ReadAttempt, ReadAction], Awaitable[None]]] = (
+        attrs.field(init=False))
+
+    def __attrs_post_init__(self) -> None:
+        self._steps = {ReadStep.ROUTE: self._route, ReadStep.ASK: self._ask,
+                       ReadStep.WAIT: self._wait, ReadStep.FAIL: self._fail}
 
     async def committed_head(self, key: bytes, until: float) -> tuple[Pos | None, Member | None]:
         """The leader's confirmed commit position and a member that holds it.
@@ -55,10 +61,8 @@ class Reader:
         Raises :class:`~ketten.errors.QuorumUnavailable` if no leader confirmed
         one by ``until``."""
         attempt = ReadAttempt(key, until, self.rng)
-        steps = {ReadStep.ROUTE: self._route, ReadStep.ASK: self._ask,
-                 ReadStep.WAIT: self._wait, ReadStep.FAIL: self._fail}
         while (action := attempt.next(trio.current_time())).step is not ReadStep.DONE:
-            await steps[action.step](key, attempt, action)
+            await self._steps[action.step](key, attempt, action)
         return action.commit, action.source
 
     # -- the steps of a read attempt -------------------------------------------------
