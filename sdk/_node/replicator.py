@@ -803,6 +803,9 @@ class Replicator:
         if not await self._may_take_on(criterion, peer):
             return AppendAck(criterion, "refused", 0, 0, None, 0, None, (),
                              "this peer made this node a broker of too many chains lately")
+        if item.genesis is not None and await self._other_chain_near(criterion, item.genesis):
+            return AppendAck(criterion, "refused", 0, 0, None, 0, None, (),
+                             "a node near the key holds another chain of this criterion")
         vouched = await self._vouched(criterion, peer, item.configs)
         async with self.chains.lock(criterion):
             replica = await self.replica(criterion, create=True)
@@ -957,6 +960,53 @@ class Replicator:
         while len(self._vouches) > _MAX_VOUCHES:
             self._vouches.popitem(last=False)
         return found
+
+    async def _other_chain_near(self, criterion: bytes, genesis: bytes) -> bool:
+        """Before a node that holds nothing of ``criterion`` takes on the chain it is sent
+        (first event ``genesis``): does a node near the key hold another chain of the
+        criterion, as one of its voters?
+
+        Anyone can start a chain of any criterion and send it here, stamped as old
+        as it likes. Were it taken, this node would hold it when the real chain
+        moves here and, as a node near the key, be believed about it (see
+        :meth:`_rival_held`). So where a chain is known to exist (the hand-over
+        named it) or the hand-over has not come yet, the nodes nearest to the key
+        are asked first. The answer is remembered for a while, like a voucher's."""
+        if await self.replica(criterion) is not None or await self.genesis(criterion) is not None:
+            return False
+        if self.sets.settled_for(criterion) and not self.sets.exists(criterion):
+            return False  # a new chain: nobody near the key named one at the hand-over
+        now = trio.current_time()
+        key = b"near" + criterion + genesis
+        known = self._vouches.get(key)
+        if known is not None and known[1] > now:
+            return known[0]
+        own = self.own().key
+        other = False
+
+        async def ask(member: Member) -> None:
+            nonlocal other
+            located = await self.sets.locate(member, criterion)
+            route = None if located is None else located.route
+            if (route is not None and route.genesis is not None and route.genesis != genesis
+                    and route.config.is_voter(member.key)):
+                other = True
+                nursery.cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for member in self.sets.desired(criterion):
+                if member.key != own:
+                    nursery.start_soon(ask, member)
+        if other:
+            self._events.warning(
+                "chain_refused", "%s: refused to take on a chain of criterion %s with first "
+                "event %s: a node near the key holds another one", self.own().address,
+                criterion.hex()[:16], genesis.hex()[:16], key="chain_refused",
+                criterion=criterion.hex(), genesis=genesis.hex())
+        self._vouches[key] = (other, now + _VOUCH_MEMORY)
+        while len(self._vouches) > _MAX_VOUCHES:
+            self._vouches.popitem(last=False)
+        return other
 
     async def _may_take_on(self, criterion: bytes, peer: Peer) -> bool:
         """Whether ``peer`` may make this node a broker of ``criterion`` now: always for a

@@ -175,3 +175,73 @@ async def test_a_stranger_cannot_wipe_a_chain_with_an_older_rival_genesis() -> N
             after = await node.read(key, deadline=10)
             assert [e.payload for e in after] == [b"honest %d" % n for n in range(4)]
             assert after[:3] == before
+
+
+async def test_a_stranger_cannot_plant_an_older_chain_on_a_node_joining_near_the_key() -> None:
+    """A node joins nearer to a key than the chain's brokers; before the chain moves
+    onto it, a stranger sends it a chain of its own of that criterion, stamped older
+    and naming the newcomer a voter. Were it taken, the newcomer would hold it when
+    the real chain arrived, and as a node near the key be believed that an older
+    chain exists. A node that holds nothing of a chain asks the nodes near the key
+    first: it refuses the stranger's, and the real chain moves onto it whole."""
+    from ketten._core.identity import node_id_of
+
+    key = criterion_key("planted")
+
+    def distance(identity: Identity) -> int:
+        return int.from_bytes(node_id_of(identity.public_key), "big") ^ int.from_bytes(key, "big")
+
+    def config(identity: Identity, seeds: list[str]) -> NodeConfig:
+        return NodeConfig(identity=identity, transport="tcp", overlay="static",
+                          request_timeout=2.0,
+                          options={"overlay": {"seeds": seeds, "interval": 0.2},
+                                   "replication": {"hysteresis": 3.0}})
+
+    identities = [Identity.generate() for _ in range(3)]
+    newcomer = Identity.generate()
+    while distance(newcomer) > min(map(distance, identities)):
+        newcomer = Identity.generate()
+    async with AsyncExitStack() as stack:
+        nodes: list[ketten.Node] = []
+        for identity in identities:
+            seeds = [nodes[0].address] if nodes else []
+            nodes.append(await stack.enter_async_context(open_node(config(identity, seeds),
+                                                                   plugins=PM)))
+        await trio.sleep(1.0)
+        for n in range(3):
+            await nodes[0].publish(key, b"honest %d" % n, deadline=10)
+        before = await nodes[0].read(key, deadline=10)
+
+        stranger = Identity.generate()
+        lair = await stack.enter_async_context(open_node(NodeConfig(
+            identity=stranger, transport="tcp", overlay="static", request_timeout=2.0),
+            plugins=PM))
+        forged = Event.create(stranger, criterion=key, seq=0, prev=None, payload=b"MINE",
+                              time=0)
+        await lair.store.append([forged])
+        joined = await stack.enter_async_context(open_node(config(newcomer, [nodes[0].address]),
+                                                           plugins=PM))
+        forged_config = ChainConfig(1, [Member(stranger.public_key, lair.address),
+                                        Member(newcomer.public_key, joined.address)], (), -1, 0)
+        peer = HostilePeer(joined.address, identity=stranger, claimed=lair.address)
+        item = AppendItem(key, 1, None, None, (forged.to_bytes(),), (0, forged.hash),
+                          (forged_config,), forged.hash)
+        kind, body = await peer.request("append", Append((item,)).to_wire(), timeout=10)
+        await peer.aclose()
+        assert kind == "reply"
+        ack = AppendReply.from_wire(decode_message(body)[1]).acks[0]
+        assert ack.status == "refused" and "another chain" in ack.reason
+
+        # The real chain moves onto the newcomer, whole; nobody gave anything up.
+        with trio.fail_after(60):
+            while True:
+                await trio.sleep(1.0)
+                config_now = await nodes[0].configuration(key)
+                if (config_now is not None and config_now.is_voter(newcomer.public_key)
+                        and (await joined.store.range(key, 0, 3)) == before):
+                    break
+        for node in [*nodes, joined]:
+            assert node.replication_statistics().chains_yielded == 0
+        await joined.publish(key, b"honest 3", deadline=10)
+        after = await nodes[1].read(key, deadline=10)
+        assert [e.payload for e in after] == [b"honest %d" % n for n in range(4)]
