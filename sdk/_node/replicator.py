@@ -961,10 +961,11 @@ class Replicator:
             self._vouches.popitem(last=False)
         return found
 
-    async def _other_chain_near(self, criterion: bytes, genesis: bytes) -> bool:
+    async def _other_chain_near(self, criterion: bytes, genesis: bytes | None) -> bool:
         """Before a node that holds nothing of ``criterion`` takes on the chain it is sent
-        (first event ``genesis``): does a node near the key hold another chain of the
-        criterion, as one of its voters?
+        (first event ``genesis``; ``None``: a chain not started yet) or votes on one:
+        does a node near the key hold another chain of the criterion, as one of its
+        voters?
 
         Anyone can start a chain of any criterion and send it here, stamped as old
         as it likes. Were it taken, this node would hold it when the real chain
@@ -972,12 +973,14 @@ class Replicator:
         :meth:`_rival_held`). So where a chain is known to exist (the hand-over
         named it) or the hand-over has not come yet, the nodes nearest to the key
         are asked first. The answer is remembered for a while, like a voucher's."""
-        if await self.replica(criterion) is not None or await self.genesis(criterion) is not None:
+        replica = await self.replica(criterion)
+        if (replica is not None and replica.state.configs) or await self.genesis(
+                criterion) is not None:
             return False
         if self.sets.settled_for(criterion) and not self.sets.exists(criterion):
             return False  # a new chain: nobody near the key named one at the hand-over
         now = trio.current_time()
-        key = b"near" + criterion + genesis
+        key = b"near" + criterion + (genesis or b"")
         known = self._vouches.get(key)
         if known is not None and known[1] > now:
             return known[0]
@@ -1001,8 +1004,9 @@ class Replicator:
             self._events.warning(
                 "chain_refused", "%s: refused to take on a chain of criterion %s with first "
                 "event %s: a node near the key holds another one", self.own().address,
-                criterion.hex()[:16], genesis.hex()[:16], key="chain_refused",
-                criterion=criterion.hex(), genesis=genesis.hex())
+                criterion.hex()[:16], genesis.hex()[:16] if genesis else "(none yet)",
+                key="chain_refused", criterion=criterion.hex(),
+                genesis=genesis.hex() if genesis else None)
         self._vouches[key] = (other, now + _VOUCH_MEMORY)
         while len(self._vouches) > _MAX_VOUCHES:
             self._vouches.popitem(last=False)
@@ -1041,7 +1045,9 @@ class Replicator:
 
     async def _vote(self, peer: Peer, item: VoteItem) -> VoteResult:
         criterion = item.criterion
-        if item.proposed is not None and not await self._may_take_on(criterion, peer):
+        if item.proposed is not None and (
+                not await self._may_take_on(criterion, peer)
+                or await self._other_chain_near(criterion, item.genesis)):
             return VoteResult(criterion, False, 0)
         vouched = await self._vouched(criterion, peer,
                                       () if item.proposed is None else (item.proposed,))

@@ -224,6 +224,12 @@ async def test_a_stranger_cannot_plant_an_older_chain_on_a_node_joining_near_the
         forged_config = ChainConfig(1, [Member(stranger.public_key, lair.address),
                                         Member(newcomer.public_key, joined.address)], (), -1, 0)
         peer = HostilePeer(joined.address, identity=stranger, claimed=lair.address)
+        # A vote request first, so that the newcomer holds (empty) state of the chain.
+        ask = VoteItem(key, 1, False, (0, 0, 0), forged_config, force=True,
+                       genesis=forged.hash)
+        kind, body = await peer.request("vote", Vote((ask,)).to_wire(), timeout=10)
+        assert kind == "reply"
+        assert not VoteReply.from_wire(decode_message(body)[1]).results[0].granted
         item = AppendItem(key, 1, None, None, (forged.to_bytes(),), (0, forged.hash),
                           (forged_config,), forged.hash)
         kind, body = await peer.request("append", Append((item,)).to_wire(), timeout=10)
