@@ -589,13 +589,16 @@ async def test_a_peer_that_stops_reading_is_cut_off_at_frame_timeout() -> None:
         mute, answer = await raw_connect(node.address)
         assert isinstance(answer, Auth)
         big = "x" * (1 << 20)
-        for req_id in range(1, 41):
-            await mute.send(Request(req_id, ketten.wire.encode_message("echo", big)))
         started = trio.current_time()
-        with trio.fail_after(5):
+        try:
+            for req_id in range(1, 41):
+                await mute.send(Request(req_id, ketten.wire.encode_message("echo", big)))
+        except trio.BrokenResourceError:
+            pass  # on a busy machine the node may cut it off before it has sent them all
+        with trio.fail_after(10):
             while node.transport.statistics().stalled_sends == 0:
                 await trio.sleep(0.05)
-        assert trio.current_time() - started < 2.0
+        assert trio.current_time() - started < 5.0  # the frame timeout, not the default 30 s
         assert await mute.closed()
         stats = node.transport.statistics()
         assert stats.stalled_sends == 1 and stats.stalled_frames == 0
