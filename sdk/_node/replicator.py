@@ -803,9 +803,10 @@ class Replicator:
         if not await self._may_take_on(criterion, peer):
             return AppendAck(criterion, "refused", 0, 0, None, 0, None, (),
                              "this peer made this node a broker of too many chains lately")
-        if item.genesis is not None and await self._other_chain_near(criterion, item.genesis):
+        if await self._unknown_there(criterion, peer.public_key):
             return AppendAck(criterion, "refused", 0, 0, None, 0, None, (),
-                             "a node near the key holds another chain of this criterion")
+                             "the nodes near the key know this chain without the sender "
+                             "as a voter")
         vouched = await self._vouched(criterion, peer, item.configs)
         async with self.chains.lock(criterion):
             replica = await self.replica(criterion, create=True)
@@ -961,56 +962,68 @@ class Replicator:
             self._vouches.popitem(last=False)
         return found
 
-    async def _other_chain_near(self, criterion: bytes, genesis: bytes | None) -> bool:
-        """Before a node that holds nothing of ``criterion`` takes on the chain it is sent
-        (first event ``genesis``; ``None``: a chain not started yet) or votes on one:
-        does a node near the key hold another chain of the criterion, as one of its
-        voters?
+    async def _unknown_there(self, criterion: bytes, sender: bytes) -> bool:
+        """Before a node that holds no configuration of ``criterion`` takes one on from
+        ``sender`` (an append) or votes on one it proposes: do the nodes that know the
+        chain know it without ``sender`` as a voter?
 
-        Anyone can start a chain of any criterion and send it here, stamped as old
-        as it likes. Were it taken, this node would hold it when the real chain
-        moves here and, as a node near the key, be believed about it (see
-        :meth:`_rival_held`). So where a chain is known to exist (the hand-over
-        named it) or the hand-over has not come yet, the nodes nearest to the key
-        are asked first. The answer is remembered for a while, like a voucher's."""
+        Anyone can start a chain of any criterion, stamped as old as it likes, or
+        name itself the leader of a chain it never belonged to. A node that took
+        either from a stranger would serve it as committed, and, as a node near the
+        key, be believed about it when the real chain moves there (see
+        :meth:`_rival_held`). So where a chain is known to exist (this node holds a
+        copy of it, or the hand-over named it) or the hand-over has not come yet,
+        the nodes nearest to the key and the members of the route known here are
+        asked: if one of them knows the chain and none names ``sender`` a voter of
+        it, the sender is refused. A chain nobody there knows (a new one, or one
+        moving as a whole to nodes that all joined just now) is taken as sent. The
+        answer is remembered for a while, like a voucher's."""
         replica = await self.replica(criterion)
-        if (replica is not None and replica.state.configs) or await self.genesis(
-                criterion) is not None:
+        if replica is not None and replica.state.configs:
             return False
-        if self.sets.settled_for(criterion) and not self.sets.exists(criterion):
+        if (await self.genesis(criterion) is None and self.sets.settled_for(criterion)
+                and not self.sets.exists(criterion)):
             return False  # a new chain: nobody near the key named one at the hand-over
         now = trio.current_time()
-        key = b"near" + criterion + (genesis or b"")
+        key = b"there" + criterion + sender
         known = self._vouches.get(key)
         if known is not None and known[1] > now:
             return known[0]
         own = self.own().key
-        other = False
+        asked: dict[bytes, Member] = {}
+        route = self.sets.cached(criterion)
+        for member in [*self.sets.desired(criterion),
+                       *(() if route is None else route.config.members())]:
+            if member.key not in (own, sender):
+                asked.setdefault(member.key, member)
+        knows = named = False
 
         async def ask(member: Member) -> None:
-            nonlocal other
+            nonlocal knows, named
             located = await self.sets.locate(member, criterion)
-            route = None if located is None else located.route
-            if (route is not None and route.genesis is not None and route.genesis != genesis
-                    and route.config.is_voter(member.key)):
-                other = True
+            found = None if located is None else located.route
+            if found is None:
+                return
+            knows = True
+            if found.config.is_voter(sender):
+                named = True
                 nursery.cancel_scope.cancel()
 
         async with trio.open_nursery() as nursery:
-            for member in self.sets.desired(criterion):
-                if member.key != own:
-                    nursery.start_soon(ask, member)
-        if other:
+            for member in asked.values():
+                nursery.start_soon(ask, member)
+        unknown = knows and not named
+        if unknown:
             self._events.warning(
-                "chain_refused", "%s: refused to take on a chain of criterion %s with first "
-                "event %s: a node near the key holds another one", self.own().address,
-                criterion.hex()[:16], genesis.hex()[:16] if genesis else "(none yet)",
-                key="chain_refused", criterion=criterion.hex(),
-                genesis=genesis.hex() if genesis else None)
-        self._vouches[key] = (other, now + _VOUCH_MEMORY)
+                "chain_refused", "%s: %s is no voter of criterion %s that the nodes near "
+                "the key know of: this node, which holds no configuration of it, does not "
+                "take one on from it", self.own().address, sender.hex()[:16],
+                criterion.hex()[:16], key="chain_refused", criterion=criterion.hex(),
+                sender=sender.hex())
+        self._vouches[key] = (unknown, now + _VOUCH_MEMORY)
         while len(self._vouches) > _MAX_VOUCHES:
             self._vouches.popitem(last=False)
-        return other
+        return unknown
 
     async def _may_take_on(self, criterion: bytes, peer: Peer) -> bool:
         """Whether ``peer`` may make this node a broker of ``criterion`` now: always for a
@@ -1047,7 +1060,7 @@ class Replicator:
         criterion = item.criterion
         if item.proposed is not None and (
                 not await self._may_take_on(criterion, peer)
-                or await self._other_chain_near(criterion, item.genesis)):
+                or await self._unknown_there(criterion, peer.public_key)):
             return VoteResult(criterion, False, 0)
         vouched = await self._vouched(criterion, peer,
                                       () if item.proposed is None else (item.proposed,))

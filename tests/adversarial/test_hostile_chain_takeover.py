@@ -236,7 +236,7 @@ async def test_a_stranger_cannot_plant_an_older_chain_on_a_node_joining_near_the
         await peer.aclose()
         assert kind == "reply"
         ack = AppendReply.from_wire(decode_message(body)[1]).acks[0]
-        assert ack.status == "refused" and "another chain" in ack.reason
+        assert ack.status == "refused" and "without the sender as a voter" in ack.reason
 
         # The real chain moves onto the newcomer, whole; nobody gave anything up.
         with trio.fail_after(60):
@@ -250,4 +250,42 @@ async def test_a_stranger_cannot_plant_an_older_chain_on_a_node_joining_near_the
             assert node.replication_statistics().chains_yielded == 0
         await joined.publish(key, b"honest 3", deadline=10)
         after = await nodes[1].read(key, deadline=10)
+        assert [e.payload for e in after] == [b"honest %d" % n for n in range(4)]
+
+
+async def test_a_stranger_cannot_lead_a_readers_copy() -> None:
+    """A node that read a chain holds a copy of it, but no configuration. A stranger
+    sends it the next event of the chain (its own), naming itself and the node the
+    voters and the event committed: the nodes near the key know the chain without
+    the stranger, so the copy takes nothing, and reads from that node go on."""
+    from ketten.testing import open_cluster
+
+    async with open_cluster(4, plugins=PM, transport="tcp", overlay="static",
+                            settle=1.0) as c:
+        key = criterion_key("copied")
+        writer = c.nodes[c.brokers(key)[0]]
+        reader = c.nodes[next(i for i in c.nodes if i not in c.brokers(key))]
+        for n in range(3):
+            await writer.publish(key, b"honest %d" % n, deadline=10)
+        before = await reader.read(key, deadline=10)
+        assert await reader.store.head(key) == before[-1]  # the reader's copy
+        head = before[-1]
+        stranger = Identity.generate()
+        forged = Event.create(stranger, criterion=key, seq=head.seq + 1, prev=head.hash,
+                              payload=b"FORGED", time=head.time + 1)
+        forged_config = ChainConfig(1, [Member(stranger.public_key, "127.0.0.9:1"),
+                                        Member(reader.identity.public_key, reader.address)],
+                                    (), -1, 0)
+        peer = HostilePeer(reader.address, identity=stranger, claimed="127.0.0.9:1")
+        item = AppendItem(key, 1, None, (head.seq, head.hash), (forged.to_bytes(),),
+                          (forged.seq, forged.hash), (forged_config,), before[0].hash)
+        kind, body = await peer.request("append", Append((item,)).to_wire(), timeout=10)
+        await peer.aclose()
+        assert kind == "reply"
+        ack = AppendReply.from_wire(decode_message(body)[1]).acks[0]
+        assert ack.status == "refused"
+        assert await reader.store.head(key) == head
+        assert await reader.read(key, deadline=10) == before
+        await writer.publish(key, b"honest 3", deadline=10)
+        after = await reader.read(key, deadline=10)
         assert [e.payload for e in after] == [b"honest %d" % n for n in range(4)]
