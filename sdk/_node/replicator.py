@@ -974,8 +974,8 @@ class Replicator:
         :meth:`_rival_held`). So where a chain is known to exist (this node holds a
         copy of it, or the hand-over named it) or the hand-over has not come yet,
         the nodes nearest to the key and the members of the route known here are
-        asked: if one of them knows the chain and none names ``sender`` a voter of
-        it, the sender is refused. A chain nobody there knows (a new one, or one
+        asked: if one of them is a voter of the chain and none names ``sender`` one,
+        the sender is refused. A chain nobody there knows (a new one, or one
         moving as a whole to nodes that all joined just now) is taken as sent. The
         answer is remembered for a while, like a voucher's."""
         replica = await self.replica(criterion)
@@ -1002,8 +1002,8 @@ class Replicator:
             nonlocal knows, named
             located = await self.sets.locate(member, criterion)
             found = None if located is None else located.route
-            if found is None:
-                return
+            if found is None or not found.config.is_voter(member.key):
+                return  # only a voter speaks for the chain (a cached route may be stale)
             knows = True
             if found.config.is_voter(sender):
                 named = True
