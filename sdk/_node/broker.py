@@ -105,7 +105,7 @@ class Broker:
         answers: list[OfferAnswer] = [OfferAnswer(Answer.BUSY)] * len(request.items)
 
         async def one(index: int, item: OfferItem) -> None:
-            answers[index] = await self.offer(item, signed_here=False)
+            answers[index] = await self.offer(item, signed_here=False, peer=peer)
 
         # One deadline for the whole request: what is not decided by then is busy.
         with trio.move_on_after(self.request_timeout):
@@ -118,9 +118,13 @@ class Broker:
         return OfferReply(tuple(answers))
 
     async def offer(self, item: OfferItem, *, signed_here: bool,
-                    event: Event | None = None) -> OfferAnswer:
+                    event: Event | None = None, peer: Peer | None = None) -> OfferAnswer:
         """Answer one offered event (``signed_here``: made by this process, so its
-        signature is not checked again)."""
+        signature is not checked again; ``peer``: who sent it, ``None`` for this node).
+
+        A chain is created on the nodes this node's routing table names nearest to
+        the key, never on members the offer names: whoever offers the first event
+        of a criterion must not pick its brokers."""
         self._received += 1
         try:
             if event is None:
@@ -149,7 +153,10 @@ class Broker:
                                       "then more than {rate} per second")
                 if refused is not None:
                     return refused
-            made = await self.replicator.create(criterion, tuple(item.create))
+            if peer is not None and not await self.replicator.may_take_on(criterion, peer):
+                return OfferAnswer(Answer.LIMITED, message=(
+                    "this peer made this node a broker of too many chains lately"))
+            made = await self.replicator.create(criterion, tuple(self.sets.desired(criterion)))
             if isinstance(made, Route):
                 self.sets.learn(criterion, made)
                 return OfferAnswer(Answer.REDIRECT, route=made)

@@ -800,7 +800,7 @@ class Replicator:
             return AppendAck(criterion, "conflict", 0, 0, replica.head, replica.state.epoch,
                              None, (), "another chain of this criterion",
                              await self.genesis(criterion))
-        if not await self._may_take_on(criterion, peer):
+        if not await self.may_take_on(criterion, peer):
             return AppendAck(criterion, "refused", 0, 0, None, 0, None, (),
                              "this peer made this node a broker of too many chains lately")
         if await self._unknown_there(criterion, peer.public_key):
@@ -1025,7 +1025,7 @@ class Replicator:
             self._vouches.popitem(last=False)
         return unknown
 
-    async def _may_take_on(self, criterion: bytes, peer: Peer) -> bool:
+    async def may_take_on(self, criterion: bytes, peer: Peer) -> bool:
         """Whether ``peer`` may make this node a broker of ``criterion`` now: always for a
         chain it holds state of; else within the peer's share (``peer_chain_burst`` at
         once, then ``peer_chains_per_second``)."""
@@ -1059,7 +1059,7 @@ class Replicator:
     async def _vote(self, peer: Peer, item: VoteItem) -> VoteResult:
         criterion = item.criterion
         if item.proposed is not None and (
-                not await self._may_take_on(criterion, peer)
+                not await self.may_take_on(criterion, peer)
                 or await self._unknown_there(criterion, peer.public_key)):
             return VoteResult(criterion, False, 0)
         vouched = await self._vouched(criterion, peer,

@@ -15,7 +15,17 @@ from hostile import HostilePeer
 import ketten
 from ketten import Event, Identity, NodeConfig, criterion_key, open_node
 from ketten._core.membership import ChainConfig, Member
-from ketten._core.messages import Append, AppendItem, AppendReply, Vote, VoteItem, VoteReply
+from ketten._core.messages import (
+    Append,
+    AppendItem,
+    AppendReply,
+    Offer,
+    OfferItem,
+    Ping,
+    Vote,
+    VoteItem,
+    VoteReply,
+)
 from ketten.wire import MAX_UINT, decode_message
 
 PM = ketten.plugin_manager()
@@ -289,3 +299,76 @@ async def test_a_stranger_cannot_lead_a_readers_copy() -> None:
         await writer.publish(key, b"honest 3", deadline=10)
         after = await reader.read(key, deadline=10)
         assert [e.payload for e in after] == [b"honest %d" % n for n in range(4)]
+
+
+async def test_whoever_offers_a_first_event_does_not_pick_the_chains_brokers() -> None:
+    """A stranger offers the first event of a criterion nobody has started yet and
+    names the members to create it on: the broker it asks and two nodes of its own.
+    The broker creates the chain on the nodes its own routing table names nearest
+    to the key, so a later honest publish is held by a majority of them."""
+    key = criterion_key("orders")
+    async with AsyncExitStack() as stack:
+        nodes: list[ketten.Node] = []
+        for _ in range(3):
+            seeds = [nodes[0].address] if nodes else []
+            nodes.append(await stack.enter_async_context(honest_node(seeds)))
+        await trio.sleep(1.0)
+        lairs = [await stack.enter_async_context(open_node(NodeConfig(
+            identity=Identity.generate(), transport="tcp", overlay="static",
+            request_timeout=2.0), plugins=PM)) for _ in range(2)]
+        victim = nodes[0]
+        members = (Member(victim.identity.public_key, victim.address),
+                   *(Member(lair.identity.public_key, lair.address) for lair in lairs))
+        genesis = Event.create(Identity.generate(), criterion=key, seq=0, prev=None,
+                               payload=b"squat", time=0)
+        for lair in lairs:
+            await lair._rpc.call(victim.address, Ping(), timeout=5)
+        for _ in range(10):
+            _, reply = await lairs[0]._rpc.call(
+                victim.address, Offer((OfferItem(genesis.to_bytes(), (), members, False),)),
+                timeout=15)
+            if reply.answers[0].kind.name == "ACK":
+                break
+            await trio.sleep(1.0)
+        config = await victim.configuration(key)
+        lair_keys = {lair.identity.public_key for lair in lairs}
+        assert config is None or not (config.keys() & lair_keys)
+        event = await nodes[1].publish(key, b"payment 1", deadline=10)
+        holders = sum([await node.store.get(event.hash) is not None for node in nodes])
+        assert holders >= 2
+
+
+async def test_offers_that_create_chains_count_against_the_peers_share() -> None:
+    """Each first event signed by a fresh author, offered by one peer naming the node
+    the only member: the per-author bound alone would let the peer create chains
+    without end; the peer's own share (``peer_chain_burst``) bounds them."""
+    tight = {"peer_chain_burst": 5, "peer_chains_per_second": 0.01}
+    async with AsyncExitStack() as stack:
+        nodes: list[ketten.Node] = []
+        for _ in range(3):
+            seeds = [nodes[0].address] if nodes else []
+            nodes.append(await stack.enter_async_context(open_node(NodeConfig(
+                identity=Identity.generate(), transport="tcp", overlay="static",
+                request_timeout=2.0,
+                options={"overlay": {"seeds": seeds, "interval": 0.2},
+                         "replication": tight}), plugins=PM)))
+        await trio.sleep(3.0)
+        victim = nodes[0]
+        lair = await stack.enter_async_context(open_node(NodeConfig(
+            identity=Identity.generate(), transport="tcp", overlay="static",
+            request_timeout=2.0), plugins=PM))
+        await lair._rpc.call(victim.address, Ping(), timeout=5)
+        only_victim = (Member(victim.identity.public_key, victim.address),)
+        answers = []
+        for n in range(30):
+            genesis = Event.create(Identity.generate(), criterion=criterion_key(f"filler {n}"),
+                                   seq=0, prev=None, payload=bytes(1000), time=0)
+            _, reply = await lair._rpc.call(
+                victim.address, Offer((OfferItem(genesis.to_bytes(), (), only_victim, False),)),
+                timeout=15)
+            answers.append(reply.answers[0])
+        created = sum([await victim.store.head(criterion_key(f"filler {n}")) is not None
+                       for n in range(30)])
+        assert created <= tight["peer_chain_burst"]
+        assert sum(a.kind.name == "LIMITED" and "too many chains" in a.message
+                   for a in answers) >= 30 - tight["peer_chain_burst"]
