@@ -235,8 +235,10 @@ class PeerUnreachable(Unavailable):
 class QuorumUnavailable(Unavailable):
     """Not enough brokers of a criterion answered in time.
 
-    For a publish: no broker stored the event, so nothing can be applied
-    later; publishing again is safe.
+    For a publish: no broker stored the event of this call, so it can never
+    be applied; publishing again is safe. (An earlier call with the same
+    command id, say from a process that was killed, may have been applied:
+    publishing again with that id returns its event.)
     """
 
 
