@@ -19,7 +19,7 @@ import bisect
 import logging
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -862,6 +862,44 @@ class Replicator:
         self._signal(criterion)
         return self._ack(criterion, replica, outcome.ack, locator=locator)
 
+    def _remembered(self, key: bytes) -> bool | None:
+        """An answer of :meth:`_vouched`, :meth:`_rival_held` or :meth:`_unknown_there`
+        given lately (``None``: none that still stands)."""
+        known = self._vouches.get(key)
+        return known[0] if known is not None and known[1] > trio.current_time() else None
+
+    def _remember(self, key: bytes, answer: bool) -> bool:
+        self._vouches[key] = (answer, trio.current_time() + _VOUCH_MEMORY)
+        while len(self._vouches) > _MAX_VOUCHES:
+            self._vouches.popitem(last=False)
+        return answer
+
+    async def _ask_around(self, criterion: bytes, first: Iterable[Member],
+                          skip: Collection[bytes],
+                          enough: Callable[[Member, Route], bool]) -> list[tuple[Member, Route]]:
+        """The routes of ``criterion`` that ``first`` and the nodes nearest to the key
+        know (all asked at once; neither this node nor ``skip``), until one for which
+        ``enough`` holds comes in."""
+        own = self.own().key
+        asked: dict[bytes, Member] = {}
+        for member in [*first, *self.sets.desired(criterion)]:
+            if member.key != own and member.key not in skip:
+                asked.setdefault(member.key, member)
+        found: list[tuple[Member, Route]] = []
+
+        async def ask(member: Member) -> None:
+            located = await self.sets.locate(member, criterion)
+            route = None if located is None else located.route
+            if route is not None:
+                found.append((member, route))
+                if enough(member, route):
+                    nursery.cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            for member in asked.values():
+                nursery.start_soon(ask, member)
+        return found
+
     async def _vouched(self, criterion: bytes, peer: Peer,
                        configs: Sequence[ChainConfig]) -> bool:
         """Whether nodes this one trusts name ``peer`` a voter of ``criterion``, when
@@ -876,31 +914,18 @@ class Replicator:
         replica = await self.replica(criterion)
         if replica is None or not replica.needs_voucher(sender, configs):
             return False
-        held = replica.config
-        candidates = [] if held is None else list(held.members())
-        now = trio.current_time()
         key = criterion + sender
-        known = self._vouches.get(key)
-        if known is not None and known[1] > now:
-            return known[0]
-        own = self.own().key
-        asked: dict[bytes, Member] = {}
-        for member in [*candidates, *self.sets.desired(criterion)]:
-            if member.key not in (own, sender):
-                asked.setdefault(member.key, member)
-        vouched = False
+        known = self._remembered(key)
+        if known is not None:
+            return known
 
-        async def ask(member: Member) -> None:
-            nonlocal vouched
-            located = await self.sets.locate(member, criterion)
-            route = None if located is None else located.route
-            if route is not None and route.config.is_voter(sender):
-                vouched = True
-                nursery.cancel_scope.cancel()
+        def names(member: Member, route: Route) -> bool:
+            return route.config.is_voter(sender)
 
-        async with trio.open_nursery() as nursery:
-            for member in asked.values():
-                nursery.start_soon(ask, member)
+        held = replica.config
+        routes = await self._ask_around(criterion, () if held is None else held.members(),
+                                        (sender,), names)
+        vouched = any(names(*found) for found in routes)
         if not vouched:
             self._events.warning(
                 "voter_refused", "%s: %s (%s) claims to be a voter of criterion %s; no member "
@@ -908,10 +933,7 @@ class Replicator:
                 "refused", self.own().address, peer.address, sender.hex()[:16],
                 criterion.hex()[:16], key="voter_refused", criterion=criterion.hex(),
                 sender=sender.hex(), address=peer.address)
-        self._vouches[key] = (vouched, now + _VOUCH_MEMORY)
-        while len(self._vouches) > _MAX_VOUCHES:
-            self._vouches.popitem(last=False)
-        return vouched
+        return self._remember(key, vouched)
 
     async def _rival_held(self, criterion: bytes, rival: bytes, source: str) -> bool:
         """Whether a node this one trusts holds the chain with genesis ``rival`` as one of
@@ -924,32 +946,19 @@ class Replicator:
         sides of a partition meet where the network puts the chain after the heal,
         at the nodes nearest to its key, so those are asked. The answer is
         remembered for a while, like a voucher's."""
-        now = trio.current_time()
         key = b"rival" + criterion + rival
-        known = self._vouches.get(key)
-        if known is not None and known[1] > now:
-            return known[0]
+        known = self._remembered(key)
+        if known is not None:
+            return known
+
+        def holds(member: Member, route: Route) -> bool:
+            return route.genesis == rival and route.config.is_voter(member.key)
+
         replica = await self.replica(criterion)
         held = None if replica is None else replica.config
-        own = self.own().key
-        asked: dict[bytes, Member] = {}
-        for member in [*([] if held is None else held.members()), *self.sets.desired(criterion)]:
-            if member.key != own:
-                asked.setdefault(member.key, member)
-        found = False
-
-        async def ask(member: Member) -> None:
-            nonlocal found
-            located = await self.sets.locate(member, criterion)
-            route = None if located is None else located.route
-            if (route is not None and route.genesis == rival
-                    and route.config.is_voter(member.key)):
-                found = True
-                nursery.cancel_scope.cancel()
-
-        async with trio.open_nursery() as nursery:
-            for member in asked.values():
-                nursery.start_soon(ask, member)
+        routes = await self._ask_around(criterion, () if held is None else held.members(),
+                                        (), holds)
+        found = any(holds(*answer) for answer in routes)
         if not found:
             self._events.warning(
                 "rival_refused", "%s: %s told of another chain of criterion %s (genesis %s, "
@@ -957,10 +966,7 @@ class Replicator:
                 "holds it: the chain held here stays", self.own().address, source,
                 criterion.hex()[:16], rival.hex()[:16], key="rival_refused",
                 criterion=criterion.hex(), rival=rival.hex(), source=source)
-        self._vouches[key] = (found, now + _VOUCH_MEMORY)
-        while len(self._vouches) > _MAX_VOUCHES:
-            self._vouches.popitem(last=False)
-        return found
+        return self._remember(key, found)
 
     async def _unknown_there(self, criterion: bytes, sender: bytes) -> bool:
         """Before a node that holds no configuration of ``criterion`` takes one on from
@@ -984,35 +990,23 @@ class Replicator:
         if (await self.genesis(criterion) is None and self.sets.settled_for(criterion)
                 and not self.sets.exists(criterion)):
             return False  # a new chain: nobody near the key named one at the hand-over
-        now = trio.current_time()
         key = b"there" + criterion + sender
-        known = self._vouches.get(key)
-        if known is not None and known[1] > now:
-            return known[0]
-        own = self.own().key
-        asked: dict[bytes, Member] = {}
+        known = self._remembered(key)
+        if known is not None:
+            return known
+
+        def speaks(member: Member, route: Route) -> bool:
+            # Only a voter speaks for the chain (a route cached elsewhere may be stale).
+            return route.config.is_voter(member.key)
+
+        def names(member: Member, route: Route) -> bool:
+            return speaks(member, route) and route.config.is_voter(sender)
+
         route = self.sets.cached(criterion)
-        for member in [*self.sets.desired(criterion),
-                       *(() if route is None else route.config.members())]:
-            if member.key not in (own, sender):
-                asked.setdefault(member.key, member)
-        knows = named = False
-
-        async def ask(member: Member) -> None:
-            nonlocal knows, named
-            located = await self.sets.locate(member, criterion)
-            found = None if located is None else located.route
-            if found is None or not found.config.is_voter(member.key):
-                return  # only a voter speaks for the chain (a cached route may be stale)
-            knows = True
-            if found.config.is_voter(sender):
-                named = True
-                nursery.cancel_scope.cancel()
-
-        async with trio.open_nursery() as nursery:
-            for member in asked.values():
-                nursery.start_soon(ask, member)
-        unknown = knows and not named
+        routes = await self._ask_around(criterion, () if route is None else route.config.members(),
+                                        (sender,), names)
+        unknown = (any(speaks(*answer) for answer in routes)
+                   and not any(names(*answer) for answer in routes))
         if unknown:
             self._events.warning(
                 "chain_refused", "%s: %s is no voter of criterion %s that the nodes near "
@@ -1020,10 +1014,7 @@ class Replicator:
                 "take one on from it", self.own().address, sender.hex()[:16],
                 criterion.hex()[:16], key="chain_refused", criterion=criterion.hex(),
                 sender=sender.hex())
-        self._vouches[key] = (unknown, now + _VOUCH_MEMORY)
-        while len(self._vouches) > _MAX_VOUCHES:
-            self._vouches.popitem(last=False)
-        return unknown
+        return self._remember(key, unknown)
 
     async def may_take_on(self, criterion: bytes, peer: Peer) -> bool:
         """Whether ``peer`` may make this node a broker of ``criterion`` now: always for a

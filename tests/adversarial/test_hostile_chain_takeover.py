@@ -40,19 +40,42 @@ async def honest_node(seeds: list[str]) -> AsyncIterator[ketten.Node]:
         yield node
 
 
+async def honest_network(stack: AsyncExitStack, count: int = 3) -> list[ketten.Node]:
+    """``count`` honest nodes that know each other (see :func:`honest_node`)."""
+    nodes: list[ketten.Node] = []
+    for _ in range(count):
+        seeds = [nodes[0].address] if nodes else []
+        nodes.append(await stack.enter_async_context(honest_node(seeds)))
+    await trio.sleep(1.0)
+    return nodes
+
+
+async def honest_chain(stack: AsyncExitStack, key: bytes,
+                       ) -> tuple[list[ketten.Node], list[Event], ChainConfig]:
+    """Three honest nodes, and a chain of ``key`` with three events on them."""
+    nodes = await honest_network(stack)
+    for n in range(3):
+        await nodes[0].publish(key, b"honest %d" % n, deadline=10)
+    config = await nodes[0].configuration(key)
+    assert config is not None
+    return nodes, await nodes[0].read(key, deadline=10), config
+
+
+async def rival_lair(stack: AsyncExitStack, key: bytes) -> tuple[Identity, ketten.Node, Event]:
+    """A stranger's node that holds a chain of ``key`` of its own, stamped time 0."""
+    stranger = Identity.generate()
+    lair = await stack.enter_async_context(open_node(NodeConfig(
+        identity=stranger, transport="tcp", overlay="static", request_timeout=2.0),
+        plugins=PM))
+    forged = Event.create(stranger, criterion=key, seq=0, prev=None, payload=b"MINE", time=0)
+    await lair.store.append([forged])
+    return stranger, lair, forged
+
+
 async def test_a_stranger_cannot_lead_vote_in_or_write_to_a_chain() -> None:
     key = criterion_key("takeover")
     async with AsyncExitStack() as stack:
-        nodes: list[ketten.Node] = []
-        for _ in range(3):
-            seeds = [nodes[0].address] if nodes else []
-            nodes.append(await stack.enter_async_context(honest_node(seeds)))
-        await trio.sleep(1.0)
-        for n in range(3):
-            await nodes[0].publish(key, b"honest %d" % n, deadline=10)
-        before = await nodes[0].read(key, deadline=10)
-        config = await nodes[0].configuration(key)
-        assert config is not None
+        nodes, before, config = await honest_chain(stack, key)
         voters = config.voter_keys()
 
         stranger = Identity.generate()
@@ -141,24 +164,9 @@ async def test_a_stranger_cannot_wipe_a_chain_with_an_older_rival_genesis() -> N
     stranger's word alone orphans nothing."""
     key = criterion_key("rival takeover")
     async with AsyncExitStack() as stack:
-        nodes: list[ketten.Node] = []
-        for _ in range(3):
-            seeds = [nodes[0].address] if nodes else []
-            nodes.append(await stack.enter_async_context(honest_node(seeds)))
-        await trio.sleep(1.0)
-        for n in range(3):
-            await nodes[0].publish(key, b"honest %d" % n, deadline=10)
-        before = await nodes[0].read(key, deadline=10)
-        config = await nodes[0].configuration(key)
-        assert config is not None
+        nodes, before, config = await honest_chain(stack, key)
 
-        stranger = Identity.generate()
-        lair = await stack.enter_async_context(open_node(NodeConfig(
-            identity=stranger, transport="tcp", overlay="static", request_timeout=2.0),
-            plugins=PM))
-        forged = Event.create(stranger, criterion=key, seq=0, prev=None, payload=b"MINE",
-                              time=0)
-        await lair.store.append([forged])
+        stranger, lair, forged = await rival_lair(stack, key)
         forged_config = ChainConfig(1, [Member(stranger.public_key, lair.address)], (), -1, 0)
         for node in nodes:
             peer = HostilePeer(node.address, identity=stranger, claimed=lair.address)
@@ -222,13 +230,7 @@ async def test_a_stranger_cannot_plant_an_older_chain_on_a_node_joining_near_the
             await nodes[0].publish(key, b"honest %d" % n, deadline=10)
         before = await nodes[0].read(key, deadline=10)
 
-        stranger = Identity.generate()
-        lair = await stack.enter_async_context(open_node(NodeConfig(
-            identity=stranger, transport="tcp", overlay="static", request_timeout=2.0),
-            plugins=PM))
-        forged = Event.create(stranger, criterion=key, seq=0, prev=None, payload=b"MINE",
-                              time=0)
-        await lair.store.append([forged])
+        stranger, lair, forged = await rival_lair(stack, key)
         joined = await stack.enter_async_context(open_node(config(newcomer, [nodes[0].address]),
                                                            plugins=PM))
         forged_config = ChainConfig(1, [Member(stranger.public_key, lair.address),
@@ -308,11 +310,7 @@ async def test_whoever_offers_a_first_event_does_not_pick_the_chains_brokers() -
     to the key, so a later honest publish is held by a majority of them."""
     key = criterion_key("orders")
     async with AsyncExitStack() as stack:
-        nodes: list[ketten.Node] = []
-        for _ in range(3):
-            seeds = [nodes[0].address] if nodes else []
-            nodes.append(await stack.enter_async_context(honest_node(seeds)))
-        await trio.sleep(1.0)
+        nodes = await honest_network(stack)
         lairs = [await stack.enter_async_context(open_node(NodeConfig(
             identity=Identity.generate(), transport="tcp", overlay="static",
             request_timeout=2.0), plugins=PM)) for _ in range(2)]
