@@ -85,7 +85,7 @@ def test_notifications_count_from_the_brokers_of_this_round_and_the_one_before()
 
 
 def test_a_notification_from_an_unknown_broker_hurries_the_next_round_once() -> None:
-    r = renewal(KEYS[:1])
+    r = renewal(KEYS[:1], check=1.0)
     assert not r.hurry(10_000)  # no round yet: the first one is on its way
     r.plan(OWN, 10_000, {KEYS[0]: [PEERS[0]]}, live=True)
     assert not r.hurry(10_000 + HURRY_AFTER_MS - 1)  # too soon after the round
@@ -93,6 +93,9 @@ def test_a_notification_from_an_unknown_broker_hurries_the_next_round_once() -> 
     assert not r.hurry(10_000 + 5 * HURRY_AFTER_MS)  # once per round
     r.plan(OWN, 20_000, {KEYS[0]: [PEERS[0]]}, live=True)
     assert r.hurry(20_000 + HURRY_AFTER_MS)
+    slow = renewal(KEYS[:1], check=10.0)  # rounds every 10 s: not before 5 s
+    slow.plan(OWN, 0, {KEYS[0]: [PEERS[0]]}, live=True)
+    assert not slow.hurry(4_999) and slow.hurry(5_000)
 
 
 def test_a_drop_is_a_lease_that_is_not_live() -> None:

@@ -575,6 +575,35 @@ async def test_a_criterion_started_twice_is_settled_on_the_older_genesis(autojum
         assert chain[0] == winner and chain[-1] == again and loser not in chain
 
 
+async def test_the_older_chain_wins_when_the_younger_holds_every_nearest_node(
+        autojump_clock) -> None:
+    # The younger chain was started on the r nodes nearest to the key; the older one
+    # on nodes further away that the other side of the partition could see. A node
+    # believes a rival held by one of the 2r nearest, so the older still wins.
+    recorder = ForkRecorder()
+    pm = ketten.plugin_manager(extra=(recorder,))
+    async with cluster(pm, 7, evict_after=3.0, hysteresis=4.0,
+                       options={"replication": {"creation_memory": 5.0}}) as c:
+        key = next(k for k in (criterion_key(f"started twice {n}") for n in range(1000))
+                   if set(c.brokers(k)) <= {3, 4, 5, 6})
+        c.network.cut([f"n:{i}" for i in (0, 1, 2)])
+        await trio.sleep(10.0)
+        left = await c.nodes[0].publish(key, b"left")
+        right = await c.nodes[4].publish(key, b"right")
+        c.heal()
+        assert min([left, right], key=lambda e: (e.time, e.hash)) == left
+        with trio.fail_after(300):
+            while True:
+                await trio.sleep(1.0)
+                firsts = {(await c.nodes[i].store.range(key, 0, 1) or [None])[0]
+                          for i in c.nodes}
+                if firsts - {None} == {left}:
+                    break
+        after = await c.nodes[5].publish(key, b"after the heal")
+        chain = await c.settle(key, 60.0)
+        assert chain[0] == left and chain[-1] == after and right not in chain
+
+
 async def test_a_node_cut_off_from_the_nodes_near_a_key_does_not_start_its_chain(
         autojump_clock) -> None:
     # The overlays on both sides forget the other side; the nodes remember whom they

@@ -33,8 +33,9 @@ RETRY_PERIOD = 1.0
 
 HURRY_AFTER_MS = 2_000
 """A notification from a peer the last round did not find (the chain may have moved)
-brings the next round forward, at most once per round and no sooner than this after
-it: a stranger's notifications cannot make rounds much more frequent."""
+brings the next round forward, at most once per round and no sooner than this, nor
+than half the round period, after it: a stranger's notifications can at most double
+how often rounds run."""
 
 
 @attrs.frozen
@@ -124,7 +125,7 @@ class Renewal:
         """A notification came from a peer :meth:`leased_at` does not know: should the
         next round start now? (See :data:`HURRY_AFTER_MS`.)"""
         if (self._hurried or self._planned_ms is None
-                or now_ms - self._planned_ms < HURRY_AFTER_MS):
+                or now_ms - self._planned_ms < max(HURRY_AFTER_MS, self.check * 500)):
             return False
         self._hurried = True
         return True

@@ -350,6 +350,13 @@ class ReplicaSets:
         the same, so background rounds over many chains cost no table scans."""
         return list(self._desired_entry(criterion)[0])
 
+    def nearest(self, criterion: bytes, count: int) -> list[Member]:
+        """The ``count`` members the overlay's routing table names nearest to
+        ``criterion`` (no lookup; this node among them if it is one)."""
+        if self.overlay is None:
+            return [self.own()]
+        return [member_of(p) for p in self.overlay.nearest(criterion, count)]
+
     def desired_keys(self, criterion: bytes) -> frozenset[bytes]:
         """The keys of :meth:`desired`."""
         return self._desired_entry(criterion)[1]

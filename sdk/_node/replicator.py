@@ -875,14 +875,16 @@ class Replicator:
         return answer
 
     async def _ask_around(self, criterion: bytes, first: Iterable[Member],
-                          skip: Collection[bytes],
-                          enough: Callable[[Member, Route], bool]) -> list[tuple[Member, Route]]:
-        """The routes of ``criterion`` that ``first`` and the nodes nearest to the key
-        know (all asked at once; neither this node nor ``skip``), until one for which
-        ``enough`` holds comes in."""
+                          skip: Collection[bytes], enough: Callable[[Member, Route], bool],
+                          *, near: int | None = None) -> list[tuple[Member, Route]]:
+        """The routes of ``criterion`` that ``first`` and the ``near`` nodes nearest to
+        the key (default ``r``) know (all asked at once; neither this node nor
+        ``skip``), until one for which ``enough`` holds comes in."""
         own = self.own().key
         asked: dict[bytes, Member] = {}
-        for member in [*first, *self.sets.desired(criterion)]:
+        nearby = (self.sets.desired(criterion) if near is None
+                  else self.sets.nearest(criterion, near))
+        for member in [*first, *nearby]:
             if member.key != own and member.key not in skip:
                 asked.setdefault(member.key, member)
         found: list[tuple[Member, Route]] = []
@@ -937,15 +939,16 @@ class Replicator:
 
     async def _rival_held(self, criterion: bytes, rival: bytes, source: str) -> bool:
         """Whether a node this one trusts holds the chain with genesis ``rival`` as one of
-        its voters: a member of the configuration held here or one of the nodes nearest
-        to the key.
+        its voters: a member of the configuration held here or one of the ``2r`` nodes
+        nearest to the key.
 
         Anyone can sign a first event of any criterion and stamp it as old as it
         likes; were the word of the node that tells of it enough, one message from a
         stranger would orphan a whole chain. Two chains of a criterion started on two
-        sides of a partition meet where the network puts the chain after the heal,
-        at the nodes nearest to its key, so those are asked. The answer is
-        remembered for a while, like a voucher's."""
+        sides of a partition meet near its key after the heal; the ``r`` nearest
+        may all hold the younger one, so the ``2r`` nearest are asked (each side
+        started its chain on the nodes nearest to the key that it could see). The
+        answer is remembered for a while, like a voucher's."""
         key = b"rival" + criterion + rival
         known = self._remembered(key)
         if known is not None:
@@ -957,7 +960,7 @@ class Replicator:
         replica = await self.replica(criterion)
         held = None if replica is None else replica.config
         routes = await self._ask_around(criterion, () if held is None else held.members(),
-                                        (), holds)
+                                        (), holds, near=2 * self.sets.replication)
         found = any(holds(*answer) for answer in routes)
         if not found:
             self._events.warning(
