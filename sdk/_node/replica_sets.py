@@ -370,7 +370,7 @@ class ReplicaSets:
             known = self._desired.get(criterion)
             if known is not None and known[0] == version:
                 return known[1]
-        members = tuple(member_of(p) for p in self.overlay.nearest(criterion, self.replication))
+        members = tuple(self.nearest(criterion, self.replication))
         entry = members, frozenset(m.key for m in members)
         if version is not None:
             self._desired[criterion] = (version, entry)

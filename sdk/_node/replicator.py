@@ -313,9 +313,8 @@ class Replicator:
     """Chains this node took on as a broker, per peer that asked it to."""
     _vouches: OrderedDict[bytes, tuple[bool, float]] = attrs.field(factory=OrderedDict,
                                                                   init=False)
-    """Per chain and sender, whether trusted nodes named it a voter, and per chain and
-    rival genesis, whether one of them holds that chain (see :meth:`_rival_held`); and
-    until when that answer stands."""
+    """The answers of :meth:`_vouched`, :meth:`_rival_held` and :meth:`_unknown_there`
+    (per chain and sender, or per chain and rival genesis), and until when each stands."""
     _repairs: dict[bytes, float] = attrs.field(factory=dict, init=False)
     _genesis: dict[bytes, tuple[bytes, int]] = attrs.field(factory=dict, init=False)
     _lost: OrderedDict[bytes, frozenset[bytes]] = attrs.field(factory=OrderedDict, init=False)
