@@ -975,20 +975,21 @@ class Replicator:
         ``sender`` (an append) or votes on one it proposes: do the nodes that know the
         chain know it without ``sender`` as a voter?
 
-        Anyone can name itself the leader of a chain it never belonged to; a node
-        holding a reader's copy that took it from a stranger would store the
-        stranger's events as committed. So a node that holds a copy asks the nodes
-        nearest to the key and the members of the route known here: if one of them
-        is a voter of the chain and none names ``sender`` one, the sender is
-        refused. A node without a copy takes the chain as sent (see the README on
-        what a stranger can still do). The answer is remembered for a while, like
-        a voucher's."""
+        Anyone can name itself the leader of a chain it never belonged to, or start a
+        chain of its own for a criterion that has one, stamped as old as it likes. A
+        node that took it would store the stranger's events as committed, and, as a
+        node near the key, be believed that an older chain exists (see
+        :meth:`_rival_held`), so the real chain's brokers would give way to it. So
+        unless ``sender`` is one of the ``2r`` nodes nearest to the key, trusted like
+        a broker, in a routing table the hand-over has settled there, this node asks
+        the nodes nearest to the key and the members of the route known here: if one
+        of them is a voter of the chain and none names ``sender`` one, the sender is
+        refused. The answer is remembered for a while, like a voucher's."""
         replica = await self.replica(criterion)
         if replica is not None and replica.state.configs:
             return False
-        if await self.genesis(criterion) is None:
-            # Only a copy is guarded so far: asking for every chain the hand-over named
-            # kept one churn seed of the simulation from converging (churn/ipfs seed 2).
+        near = self.sets.nearest(criterion, 2 * self.sets.replication)
+        if any(m.key == sender for m in near) and self.sets.settled_for(criterion):
             return False
         key = b"there" + criterion + sender
         known = self._remembered(key)

@@ -300,3 +300,126 @@ async def test_offers_that_create_chains_count_against_the_peers_share() -> None
         assert created <= tight["peer_chain_burst"]
         assert sum(a.kind.name == "LIMITED" and "too many chains" in a.message
                    for a in answers) >= 30 - tight["peer_chain_burst"]
+
+
+async def plant(victim: ketten.Node, key: bytes, stranger: Identity, lair: ketten.Node,
+                forged: Event) -> AppendReply:
+    """The stranger sends ``victim`` its own chain of ``key``, naming itself and the
+    victim the voters."""
+    forged_config = ChainConfig(1, [Member(stranger.public_key, lair.address),
+                                    Member(victim.identity.public_key, victim.address)],
+                                (), -1, 0)
+    peer = HostilePeer(victim.address, identity=stranger, claimed=lair.address)
+    item = AppendItem(key, 1, None, None, (forged.to_bytes(),), (0, forged.hash),
+                      (forged_config,), forged.hash)
+    kind, body = await peer.request("append", Append((item,)).to_wire(), timeout=10)
+    await peer.aclose()
+    assert kind == "reply"
+    return AppendReply.from_wire(decode_message(body)[1])
+
+
+async def tell_of_rival(node: ketten.Node, key: bytes, stranger: Identity, lair: ketten.Node,
+                        forged: Event) -> None:
+    """The stranger tells ``node`` of its older chain, in a vote request."""
+    forged_config = ChainConfig(1, [Member(stranger.public_key, lair.address)], (), -1, 0)
+    peer = HostilePeer(node.address, identity=stranger, claimed=lair.address)
+    ask = VoteItem(key, 1, False, (0, 0, 0), forged_config, force=True, genesis=forged.hash)
+    kind, body = await peer.request("vote", Vote((ask,)).to_wire(), timeout=10)
+    await peer.aclose()
+    assert kind == "reply"
+    assert not VoteReply.from_wire(decode_message(body)[1]).results[0].granted
+
+
+async def test_a_stranger_cannot_plant_an_older_chain_on_a_node_near_the_key() -> None:
+    """A node near a key that is no broker of its chain holds nothing of it. A stranger
+    sends it a chain of its own of that criterion, stamped older and naming the node
+    a voter. Were it taken, the node would be believed, as a node near the key, that
+    an older chain exists, and the real chain's brokers would give way to it. A node
+    that holds no configuration of a chain takes one on from a sender that is not
+    one of the nodes nearest to the key only if the nodes near the key name the
+    sender a voter: the stranger's chain is refused, and told of it the brokers
+    keep theirs."""
+    from ketten.testing import open_cluster
+
+    async with AsyncExitStack() as stack:
+        c = await stack.enter_async_context(open_cluster(
+            5, plugins=PM, transport="tcp", overlay="static", settle=1.0))
+        key = criterion_key("planted near")
+        writer = c.nodes[c.brokers(key)[0]]
+        for n in range(3):
+            await writer.publish(key, b"honest %d" % n, deadline=10)
+        before = await writer.read(key, deadline=10)
+        stranger, lair, forged = await rival_lair(stack, key)
+        for index in c.nodes:
+            if index in c.brokers(key):
+                continue
+            ack = (await plant(c.nodes[index], key, stranger, lair, forged)).acks[0]
+            assert ack.status == "refused" and "near the key" in ack.reason
+            assert await c.nodes[index].store.head(key) is None
+        for index in c.brokers(key):
+            await tell_of_rival(c.nodes[index], key, stranger, lair, forged)
+        await trio.sleep(3.0)  # settling runs in the background too
+        for node in c.nodes.values():
+            assert node.replication_statistics().chains_yielded == 0
+        await writer.publish(key, b"honest 3", deadline=10)
+        after = await c.nodes[c.brokers(key)[1]].read(key, deadline=10)
+        assert [e.payload for e in after] == [b"honest %d" % n for n in range(4)]
+        assert after[:3] == before
+
+
+async def test_a_stranger_cannot_plant_an_older_chain_on_a_node_joining_near_the_key() -> None:
+    """A node joins nearer to a key than the chain's brokers; before the chain moves
+    onto it, a stranger sends it a chain of its own of that criterion, stamped older
+    and naming the newcomer a voter. The newcomer refuses it (see above), and the
+    real chain moves onto it whole; nobody gives anything up."""
+    from ketten._core.identity import node_id_of
+
+    key = criterion_key("planted")
+
+    def distance(identity: Identity) -> int:
+        return int.from_bytes(node_id_of(identity.public_key), "big") ^ int.from_bytes(key, "big")
+
+    def config(identity: Identity, seeds: list[str]) -> NodeConfig:
+        return NodeConfig(identity=identity, transport="tcp", overlay="static",
+                          request_timeout=2.0,
+                          options={"overlay": {"seeds": seeds, "interval": 0.2},
+                                   "replication": {"hysteresis": 3.0}})
+
+    identities = [Identity.generate() for _ in range(3)]
+    newcomer = Identity.generate()
+    while distance(newcomer) > min(map(distance, identities)):
+        newcomer = Identity.generate()
+    async with AsyncExitStack() as stack:
+        nodes: list[ketten.Node] = []
+        for identity in identities:
+            seeds = [nodes[0].address] if nodes else []
+            nodes.append(await stack.enter_async_context(open_node(config(identity, seeds),
+                                                                   plugins=PM)))
+        await trio.sleep(1.0)
+        for n in range(3):
+            await nodes[0].publish(key, b"honest %d" % n, deadline=10)
+        before = await nodes[0].read(key, deadline=10)
+
+        stranger, lair, forged = await rival_lair(stack, key)
+        joined = await stack.enter_async_context(open_node(config(newcomer, [nodes[0].address]),
+                                                           plugins=PM))
+        ack = (await plant(joined, key, stranger, lair, forged)).acks[0]
+        assert ack.status == "refused" and "near the key" in ack.reason
+
+        # The real chain moves onto the newcomer, whole; told of the stranger's chain,
+        # the brokers keep theirs.
+        with trio.fail_after(60):
+            while True:
+                await trio.sleep(1.0)
+                config_now = await nodes[0].configuration(key)
+                if (config_now is not None and config_now.is_voter(newcomer.public_key)
+                        and (await joined.store.range(key, 0, 3)) == before):
+                    break
+        for node in [*nodes, joined]:
+            await tell_of_rival(node, key, stranger, lair, forged)
+        await trio.sleep(3.0)
+        for node in [*nodes, joined]:
+            assert node.replication_statistics().chains_yielded == 0
+        await joined.publish(key, b"honest 3", deadline=10)
+        after = await nodes[1].read(key, deadline=10)
+        assert [e.payload for e in after] == [b"honest %d" % n for n in range(4)]
