@@ -524,6 +524,26 @@ def test_votes_are_given_once_per_term_and_only_to_the_up_to_date() -> None:
     assert voter.on_vote(KEYS[1], 6, True, (9, 9, 9), 200.0).granted
 
 
+def test_a_follower_grants_its_own_leader_a_later_term_at_once() -> None:
+    # A leader never stands while it leads: asking for a later term, it restarted (or
+    # resigned), so having heard from it just now is no reason to wait.
+    first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
+    voter = Replica(KEY, KEYS[2], ChainState(term=3, log_term=3, configs=(first,)), (5, b"h" * 32))
+    voter.leader, voter.heard = KEYS[0], 99.0
+    assert not voter.on_vote(KEYS[1], 4, True, (3, 5, 1), 100.0).granted  # another one
+    assert not voter.on_vote(KEYS[1], 4, False, (3, 5, 1), 100.0).granted
+    assert voter.on_vote(KEYS[0], 4, True, (3, 5, 1), 100.0).granted
+    assert not voter.on_vote(KEYS[0], 3, True, (3, 5, 1), 100.0).granted  # not its own term
+    yes = voter.on_vote(KEYS[0], 4, False, (3, 5, 1), 100.0)
+    assert yes.granted and yes.state is not None and yes.state.voted_for == KEYS[0]
+    # Still only an up-to-date one: behind, it is refused and the follower stands.
+    other = Replica(KEY, KEYS[2], ChainState(term=3, log_term=3, configs=(first,)), (5, b"h" * 32))
+    other.leader, other.heard = KEYS[0], 99.0
+    behind = other.on_vote(KEYS[0], 4, True, (3, 4, 1), 100.0)
+    assert not behind.granted and behind.stand
+    assert not other.on_vote(KEYS[0], 4, False, (3, 4, 1), 100.0).granted
+
+
 def test_a_creation_of_a_known_chain_and_a_rival_chain_get_no_vote() -> None:
     proposed = ChainConfig(1, MEMBERS[:3], (), -1, 0)
     fresh = Replica(KEY, KEYS[2], ChainState(), None)

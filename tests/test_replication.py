@@ -321,6 +321,23 @@ async def test_a_busy_chain_gets_a_new_leader_within_one_publish_deadline(
         assert await c.settle(key) == events
 
 
+async def test_a_restarted_leader_leads_again_without_waiting_out_its_followers(
+        plugins, autojump_clock) -> None:
+    # The leader crashes and is back at once: its followers heard from it just now,
+    # yet its own request to lead again is no disruption to wait out.
+    async with cluster(plugins, 5, request_timeout=5.0) as c:  # election timeout 5 s
+        key = criterion_key("restarted")
+        publisher = c.others(key)[0]
+        events = [await c.nodes[publisher].publish(key, b"%d" % i) for i in range(5)]
+        leader = next(i for i in c.brokers(key)
+                      if c.nodes[i].replication_statistics().chains_led)
+        await c.stop(leader)
+        await c.start(leader)
+        with trio.fail_after(1.0):
+            events.append(await c.nodes[publisher].publish(key, b"after the restart"))
+        assert await c.settle(key) == events
+
+
 # -- idempotent commands ------------------------------------------------------------
 
 

@@ -5,8 +5,9 @@ chain and term, elected on demand:
 
 * **Terms and votes.** A broker votes once per term (``voted_for`` is
   durable before the answer leaves). A candidate first asks for *pre-votes*
-  (granted only by brokers that have not heard from a live leader lately),
-  then for votes; a quorum of the configuration in force (both majorities
+  (granted only by brokers that have not heard from a live leader lately, or
+  whose leader is the candidate: it stopped leading, restarted say), then for
+  votes; a quorum of the configuration in force (both majorities
   while joint) makes it leader.
 * **Log terms instead of entry terms.** Events are signed by their authors
   before any leader sees them, so they carry no term. Each broker instead
@@ -536,8 +537,11 @@ class Replica:
         # lost committed events, here or there, and must not win.
         commit = st.commit
         up_to_date = rank >= self.rank() and (commit is None or rank[1] >= commit[0])
+        # The leader we follow asking for a later term has stopped leading (a
+        # leader never stands; it restarted, or resigned): hearing from it lately
+        # is no reason to refuse it, nor to keep waiting for it.
+        idle = force or sender == self.leader or not self.leader_active(now)
         if pre:
-            idle = force or not self.leader_active(now)
             granted = term > st.term and up_to_date and idle
             # Stand for a lagging candidate only if it is one of our own voters: one known
             # only through a configuration it proposes (a stale joint one, say) would
@@ -548,7 +552,7 @@ class Replica:
                               and config.is_voter(sender))
         if term < st.term:
             return VoteAnswer(False, st.term)
-        if not force and term > st.term and self.leader_active(now) and self.role is not Role.LEADER:
+        if term > st.term and not idle and self.role is not Role.LEADER:
             return VoteAnswer(False, st.term)
         persist = self._step_down(term)
         if st.config is None and proposed is not None and proposed.is_voter(self.own):
