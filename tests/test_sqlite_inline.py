@@ -45,3 +45,25 @@ def test_a_bad_inline_limit_is_a_config_error(tmp_path: Path, value: object) -> 
     with pytest.raises(ConfigError, match="inline_limit"):
         ketten_make_store(name="sqlite", options={"path": str(tmp_path), "inline_limit": value},
                           node=None)  # type: ignore[arg-type]
+
+
+async def test_cursor_writes_run_inline_and_side_by_side_in_one_transaction(
+        tmp_path: Path) -> None:
+    """A node writes many chains' states at once (a commit flush): they share one
+    transaction on the event loop's thread, not one thread hand-off each."""
+    import trio
+
+    from ketten.plugins.sqlite_store import SqliteStore
+
+    store = SqliteStore(path=str(tmp_path / "s"), inline_limit=1.0)
+    await store.open()
+    try:
+        before = store.inline_transactions
+        async with trio.open_nursery() as nursery:
+            for n in range(40):
+                nursery.start_soon(store.put_cursor, f"state/{n}", b"%d" % n)
+        assert 1 <= store.inline_transactions - before <= 2
+        for n in range(40):
+            assert await store.get_cursor(f"state/{n}") == b"%d" % n
+    finally:
+        await store.aclose()

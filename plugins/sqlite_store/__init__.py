@@ -13,8 +13,8 @@ Options (``NodeConfig.options["store"]``):
     (:mod:`ketten.plugins.sqlite_store._heads`).
 ``inline_limit``
     Seconds (default ``0.005``; ``0`` turns it off). A transaction of small
-    appends (up to 64 events) runs its inserts on the event loop's thread:
-    they touch cached pages only, and a hand-off to a worker thread and back
+    writes (appends and cursors, up to 64 rows) runs them on the event loop's
+    thread: they touch cached pages only, and a hand-off to a worker thread and back
     costs more CPU than they do. Its commit, where the sync happens, runs
     there too while the median of the last 16 such transactions stays
     under this limit (single ones may take longer); once it is over, commits
@@ -25,7 +25,7 @@ Options (``NodeConfig.options["store"]``):
 The database runs in WAL mode with ``synchronous=FULL``: a transaction is on
 disk before its commit returns, so an append is durable when it returns.
 Blocking calls run in worker threads (:func:`trio.to_thread.run_sync`),
-except small appends (``inline_limit``). One connection writes: writes that
+except small writes (``inline_limit``). One connection writes: writes that
 arrive while a transaction is running are queued and all run in the next
 one, each in its own savepoint, so one thread hand-off and one sync serve
 them all and each commits whole or not at all.
@@ -85,8 +85,8 @@ __all__ = ["SqliteReader", "SqliteStore"]
 T = TypeVar("T")
 
 _READERS = 3
-_INLINE_EVENTS = 64
-"""Most events a transaction may append to run on the event loop's thread."""
+_INLINE_ROWS = 64
+"""Most rows a transaction may write to run on the event loop's thread."""
 
 _INSERT = (
     "INSERT INTO events (criterion, seq, hash, author, command, raw) VALUES (?, ?, ?, ?, ?, ?)"
@@ -132,8 +132,9 @@ class _WriteOp:
     error: BaseException | None = None
     effect: Effect | None = None
     lead: bool = False
-    events: int = 0
-    """Events appended by ``body`` (0: not a plain append, never run inline)."""
+    rows: int = 0
+    """Rows ``body`` adds or replaces, for a plain append of events or a cursor (0: any
+    other write, never run inline)."""
 
     def outcome(self) -> Any:
         if self.error is not None:
@@ -314,7 +315,7 @@ class SqliteStore:
         """How many transactions ran on the event loop's thread (see ``inline_limit``)."""
         return self._inline_runs
 
-    async def _write(self, body: Body, *, events: int = 0) -> Any:
+    async def _write(self, body: Body, *, rows: int = 0) -> Any:
         """Run ``body`` in the next shared transaction: one thread hand-off and one sync
         serve every write queued meanwhile, each in its own savepoint, so each write
         commits whole or not at all whatever the others do.
@@ -324,7 +325,7 @@ class SqliteStore:
         commit, whose effect on the cache is applied either way, and is then cancelled.
         """
         self._check_open()
-        op = _WriteOp(body, events=events)
+        op = _WriteOp(body, rows=rows)
         self._queue.append(op)
         if self._writing:
             try:
@@ -352,7 +353,7 @@ class SqliteStore:
             for op in batch:
                 op.lead = False
             writer = self._writer
-            if not self._small_appends(batch):
+            if not self._small_writes(batch):
                 await trio.to_thread.run_sync(self._run_batch, writer, batch)
             elif self._inline.allowed(time.monotonic()):
                 started = time.monotonic()
@@ -384,13 +385,13 @@ class SqliteStore:
             self._hand_over()
 
     @staticmethod
-    def _small_appends(batch: list[_WriteOp]) -> bool:
+    def _small_writes(batch: list[_WriteOp]) -> bool:
         total = 0
         for op in batch:
-            if op.events <= 0:
+            if op.rows <= 0:
                 return False
-            total += op.events
-        return total <= _INLINE_EVENTS
+            total += op.rows
+        return total <= _INLINE_ROWS
 
     def _hand_over(self) -> None:
         if self._queue:
@@ -514,7 +515,7 @@ class SqliteStore:
                                          if pos is not None])
             return None, lambda cache: cache.committed(batch)
 
-        await self._write(body, events=len(batch))
+        await self._write(body, rows=len(batch))
 
     async def replace_from(self, criterion: bytes, seq: int, events: Sequence[Event]) -> list[Event]:
         """Orphan the main chain from ``seq`` on and append ``events`` in its place, atomically.
@@ -615,7 +616,7 @@ class SqliteStore:
                          (name, data))
             return None, None
 
-        await self._write(body)
+        await self._write(body, rows=1)
 
     async def quarantine(self, criterion: bytes, from_seq: int) -> int:
         """Give up the chain of ``criterion`` from ``from_seq`` on, to repair it from peers.

@@ -88,6 +88,8 @@ _FULL_ROUNDS = 8
 _VOUCH_MEMORY = 10.0
 """Seconds an answer to "is this sender a voter?" is remembered (see ``_vouched``)."""
 _MAX_VOUCHES = 4096
+_FLUSH_GROUP = 512
+"""Chain states a flush writes side by side (one store transaction, where it groups)."""
 
 
 def _positive(options: Mapping[str, Any], name: str, default: float,
@@ -1721,15 +1723,21 @@ class Replicator:
             except StoreError as exc:
                 _log.warning("cannot store the known chains: %s", exc)
         dirty, self._dirty_states = self._dirty_states, {}
-        for criterion in dirty:
-            replica = self._replicas.get(criterion)
-            if replica is None:
-                continue
+        replicas = [r for r in map(self._replicas.get, dirty) if r is not None]
+
+        async def save(replica: Replica) -> None:
             try:
-                async with self.chains.lock(criterion):
+                async with self.chains.lock(replica.criterion):
                     await self._save(replica)
             except StoreError as exc:
-                _log.warning("cannot store the state of chain %s: %s", criterion.hex()[:16], exc)
+                _log.warning("cannot store the state of chain %s: %s",
+                             replica.criterion.hex()[:16], exc)
+
+        # Side by side, so that a store that commits in groups writes them together.
+        for start in range(0, len(replicas), _FLUSH_GROUP):
+            async with trio.open_nursery() as nursery:
+                for replica in replicas[start:start + _FLUSH_GROUP]:
+                    nursery.start_soon(save, replica)
 
     async def maintain(self) -> None:
         """One background round: moves, stand-ins for silent leaders, digests.
