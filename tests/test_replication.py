@@ -338,6 +338,27 @@ async def test_a_restarted_leader_leads_again_without_waiting_out_its_followers(
         assert await c.settle(key) == events
 
 
+async def test_a_flush_under_way_does_not_store_a_given_up_chain_state_again(
+        plugins, autojump_clock) -> None:
+    # A commit mark waits for the flush; meanwhile the broker retires from the chain.
+    # The flush, holding the replica it found, must not write the old configuration
+    # back over the state the retirement left (the node would be a member again).
+    async with cluster(plugins, 4) as c:
+        key = criterion_key("given up")
+        await c.nodes[c.others(key)[0]].publish(key, b"x")
+        node = c.nodes[c.brokers(key)[0]]
+        replicator = node._replicator
+        replica = replicator.loaded(key)
+        assert replica is not None and replica.config is not None
+        replicator._dirty_states[key] = None
+        async with trio.open_nursery() as nursery, node._chains.lock(key):
+            nursery.start_soon(replicator.flush)  # waits for the chain's lock
+            await trio.sleep(0.1)
+            await replicator._release(replica, -1)
+        state = await node._chains.state(key)
+        assert state is not None and state.config is None
+
+
 # -- idempotent commands ------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import logging
 import random
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
@@ -319,10 +320,12 @@ class Replicator:
     (per chain and sender, or per chain and rival genesis), and until when each stands."""
     _repairs: dict[bytes, float] = attrs.field(factory=dict, init=False)
     _genesis: dict[bytes, tuple[bytes, int]] = attrs.field(factory=dict, init=False)
+    """Hash and time of each held chain's genesis: which chain of a criterion this is."""
     _lost: OrderedDict[bytes, frozenset[bytes]] = attrs.field(factory=OrderedDict, init=False)
     """Geneses of chains this node gave up to an older one: never taken up again."""
-    """Hash and time of each held chain's genesis."""
-    """Genesis hashes of the chains held here: which chain of a criterion this is."""
+    _given_up: weakref.WeakSet[Replica] = attrs.field(factory=weakref.WeakSet, init=False)
+    """Replicas whose state :meth:`_release` gave up: a task that still holds one (a
+    flush, an ack) must not store its state again."""
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
     _events: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(_log, interval=1.0),
@@ -640,7 +643,10 @@ class Replicator:
         self._watch_moves.forget(criterion)
 
     async def _save(self, replica: Replica) -> None:
-        """Persist the replica's state now (the caller holds the chain's lock)."""
+        """Persist the replica's state now (the caller holds the chain's lock); not that
+        of a replica given up meanwhile (see :meth:`_release`)."""
+        if replica in self._given_up:
+            return
         await self.chains.save_state(replica.criterion, replica.state)
         self._dirty_states.pop(replica.criterion, None)
         self._index(replica.criterion, replica.state)
@@ -1541,6 +1547,7 @@ class Replicator:
         Returns the events kept and those cut off."""
         criterion = replica.criterion
         self._replicas.pop(criterion, None)
+        self._given_up.add(replica)
         state = ChainState(term=replica.state.term, voted_for=replica.state.voted_for,
                            retired=max(retired, replica.state.retired))
         await self.chains.save_state(criterion, state)
