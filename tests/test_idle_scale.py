@@ -73,7 +73,7 @@ def messages(net: MemoryNetwork) -> int:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
+@pytest.mark.timeout(3000)
 async def test_1000_nodes_holding_100000_chains_idle_at_a_cost_per_peer(
         plugins: Any, autojump_clock: Any) -> None:
     net = MemoryNetwork(seed=11)

@@ -189,7 +189,7 @@ def test_the_command_line_runs_seeds(capsys) -> None:
 
 
 @pytest.mark.sim
-@pytest.mark.parametrize("seed", [93, 94])
+@pytest.mark.parametrize("seed", [94])
 @pytest.mark.parametrize("overlay", ["static", "kademlia"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_fault_simulation_without_command_ids(seed: int, family: str, overlay: str,
@@ -206,7 +206,9 @@ def test_fault_simulation_without_command_ids(seed: int, family: str, overlay: s
 
 @pytest.mark.sim
 @pytest.mark.parametrize(("overlay", "seed"), [
-    *((overlay, seed) for overlay in ("static", "kademlia") for seed in range(20)),
+    # 20 seeds of every family: 0-9 on static, 10-19 on kademlia.
+    *(("static", seed) for seed in range(10)),
+    *(("kademlia", seed) for seed in range(10, 20)),
     *((overlay, seed) for overlay in ("gosskip", "ipfs") for seed in range(5)),
 ])
 @pytest.mark.parametrize("family", FAMILIES)
