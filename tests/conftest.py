@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from collections import Counter
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -50,6 +51,21 @@ def task_tree(task: trio.lowlevel.Task, depth: int = 0) -> list[str]:
     return lines
 
 
+REPORT_LINES = 400
+
+
+def summarized(lines: list[str]) -> list[str]:
+    """``lines`` as they are if they are few; else each distinct task line once, with how
+    many tasks wait there, most common first (a run of 1,000 nodes has 1,000 of each)."""
+    if len(lines) <= REPORT_LINES:
+        return lines
+    counts = Counter(line.strip() for line in lines)
+    out = [f"{n:6d} x {line}" for line, n in counts.most_common(REPORT_LINES)]
+    if len(counts) > REPORT_LINES:
+        out.append(f"... and {len(counts) - REPORT_LINES} more distinct task lines")
+    return out
+
+
 def _runner_of(frame: FrameType | None) -> Any:
     """The trio run a thread is in, from its stack (``trio.run``'s local ``runner``)."""
     while frame is not None:
@@ -80,7 +96,7 @@ def _hang_report(request: pytest.FixtureRequest) -> Iterator[None]:
         try:
             lines = task_tree(runner.init_task)
             out.append(f"(trio time {runner.clock.current_time():.2f}); its {len(lines)} "
-                       "tasks:\n" + "\n".join(lines))
+                       "tasks:\n" + "\n".join(summarized(lines)))
         finally:
             done.set()
 
@@ -94,7 +110,9 @@ def _hang_report(request: pytest.FixtureRequest) -> Iterator[None]:
         runner.entry_queue.run_sync_soon(report, runner, done, out)
         done.wait(30.0)
         text = out[0] if out else "(its tasks could not be listed within 30 s)"
-        message = f"\n=== {request.node.nodeid}: still running after {after:.0f} s {text}\n"
+        # The test's name closes the report too: a log cut to its tail still shows it.
+        message = (f"\n=== {request.node.nodeid}: still running after {after:.0f} s {text}\n"
+                   f"=== end of the task list of {request.node.nodeid}\n")
         os.write(_terminal_fd(request.config), message.encode(errors="replace"))
 
     threading.Thread(target=watch, name="hang-report", daemon=True).start()
