@@ -41,7 +41,7 @@ def test_a_target_lets_undocumented_errors_through() -> None:
 def test_fuzzing_finds_no_crash(name: str, tmp_path: Path) -> None:
     pytest.importorskip("atheris", reason="atheris is part of the dev extras on Linux")
     result = subprocess.run(
-        [sys.executable, str(FUZZ / "fuzz.py"), name, "-max_total_time=25", "-timeout=10",
+        [sys.executable, str(FUZZ / "fuzz.py"), name, "-max_total_time=12", "-timeout=10",
          "-rss_limit_mb=2048", f"-artifact_prefix={tmp_path}/", str(tmp_path),
          str(FUZZ / "corpus" / name)],
         capture_output=True, text=True, timeout=300)

@@ -209,7 +209,7 @@ def test_fault_simulation_without_command_ids(seed: int, family: str, overlay: s
     # 20 seeds of every family: 0-9 on static, 10-19 on kademlia.
     *(("static", seed) for seed in range(10)),
     *(("kademlia", seed) for seed in range(10, 20)),
-    *((overlay, seed) for overlay in ("gosskip", "ipfs") for seed in range(5)),
+    *((overlay, seed) for overlay in ("gosskip", "ipfs") for seed in range(3)),
 ])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_fault_simulation(seed: int, family: str, overlay: str, plugins) -> None:
