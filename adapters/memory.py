@@ -3,8 +3,10 @@
 Every node of a simulation gets an endpoint of one :class:`MemoryNetwork`.
 Delivery is decided by the seeded :class:`~ketten.adapters._netmodel.NetworkModel`
 (latency, jitter, loss, duplication, reordering, partitions) and carried out
-with ``trio.sleep``, so under ``trio.testing.MockClock(autojump_threshold=0)``
-thousands of nodes run in virtual time. Peers are authenticated by
+by one timer task per endpoint (a heap of arrivals, in arrival order and then
+in the order they were sent), so under
+``trio.testing.MockClock(autojump_threshold=0)`` thousands of nodes run in
+virtual time, and a message in flight costs a heap entry, not a task. Peers are authenticated by
 construction: the network knows which identity owns each endpoint.
 
 Options: ``network`` (the :class:`MemoryNetwork` the nodes that should see
@@ -14,7 +16,9 @@ alone, which is what ``NodeConfig()`` gives) and ``address``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import heapq
+import math
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -121,10 +125,10 @@ class MemoryNetwork:
                 # Like a refused connection: the sender learns it after one hop (behind
                 # a cut, nothing comes back at all).
                 arrival = trio.current_time() + self.faults.latency
-                src._spawn(src._refused, arrival, req_id, dst_address)
+                src._at(arrival, src._refused, req_id, dst_address)
             return
         for arrival in self._model.route(src.address, dst_address, trio.current_time()):
-            dst._spawn(dst._arrive, arrival, src.peer, kind, req_id, data)
+            dst._at(arrival, dst._arrive, src.peer, kind, req_id, data)
 
     def _transmit_reply(self, src: MemoryTransport, dst_address: str, req_id: int,
                         outcome: bytes | tuple[str, str]) -> None:
@@ -132,7 +136,7 @@ class MemoryNetwork:
         if dst is None:
             return
         for arrival in self._model.route(src.address, dst_address, trio.current_time()):
-            dst._spawn(dst._reply_arrives, arrival, src.peer, req_id, outcome)
+            dst._at(arrival, dst._reply_arrives, src.peer, req_id, outcome)
 
 
 @attrs.define(eq=False)
@@ -148,6 +152,11 @@ class MemoryTransport:
     _nursery: trio.Nursery | None = attrs.field(default=None, init=False)
     _pending: dict[int, ReplySlot] = attrs.field(factory=dict, init=False)
     _next_id: int = attrs.field(default=0, init=False)
+    # Arrivals and resends due: (when, order sent, action, arguments).
+    _due: list[tuple[float, int, Callable[..., None], tuple[Any, ...]]] = attrs.field(
+        factory=list, init=False)
+    _queued: int = attrs.field(default=0, init=False)
+    _timer: trio.CancelScope | None = attrs.field(default=None, init=False)
     _peer: Peer = attrs.field(init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
@@ -182,7 +191,7 @@ class MemoryTransport:
                 self._nursery = nursery
                 task_status.started(self._address)
                 try:
-                    await trio.sleep_forever()
+                    await self._carry_out()
                 finally:
                     # Stop taking arrivals before the nursery starts closing.
                     self._network._detach(self)
@@ -190,24 +199,40 @@ class MemoryTransport:
                     self._handler = None
         finally:
             self._network._detach(self)
+            self._due.clear()
             for slot in self._pending.values():
                 slot.settle(PeerUnreachable(f"{self._address} stopped serving"))
             self._pending.clear()
 
     async def request(self, address: str, data: bytes) -> Reply:
+        return await self._request(address, data, math.inf)
+
+    async def request_resending(self, address: str, data: bytes, interval: float) -> Reply:
+        """Like :meth:`request`, sending a copy again every ``interval`` seconds
+        until one copy is answered; a reply to any copy is the reply."""
+        return await self._request(address, data, interval)
+
+    async def _request(self, address: str, data: bytes, interval: float) -> Reply:
         if self._nursery is None:
             raise UsageError(f"{self._address} must be serving to send requests")
         self._next_id += 1
         req_id = self._next_id
         slot = ReplySlot()
         self._pending[req_id] = slot
-        self._counts["requests_sent"] += 1
-        self._counts["bytes_sent"] += len(data)
         try:
-            self._network._transmit(self, address, "request", req_id, data)
+            self._resend(req_id, address, data, interval)
             return await slot.result()
         finally:
             self._pending.pop(req_id, None)
+
+    def _resend(self, req_id: int, address: str, data: bytes, interval: float) -> None:
+        slot = self._pending.get(req_id)
+        if slot is None or slot.settled:
+            return  # answered, or the caller gave up
+        self._counts["requests_sent"] += 1
+        self._counts["bytes_sent"] += len(data)
+        self._network._transmit(self, address, "request", req_id, data)
+        self._at(trio.current_time() + interval, self._resend, req_id, address, data, interval)
 
     async def send(self, address: str, data: bytes) -> None:
         if self._nursery is None:
@@ -222,12 +247,31 @@ class MemoryTransport:
 
     # -- driver side -------------------------------------------------------
 
-    def _spawn(self, fn: Any, *args: Any) -> None:
-        if self._nursery is not None:
-            self._nursery.start_soon(fn, *args)
+    def _at(self, when: float, action: Callable[..., None], *args: Any) -> None:
+        if self._nursery is None or when == math.inf:
+            return
+        self._queued += 1
+        heapq.heappush(self._due, (when, self._queued, action, args))
+        timer = self._timer
+        if timer is not None and when < timer.deadline:
+            timer.deadline = when
 
-    async def _arrive(self, arrival: float, peer: Peer, kind: str, req_id: int, data: bytes) -> None:
-        await trio.sleep_until(arrival)
+    async def _carry_out(self) -> None:
+        due = self._due
+        while True:
+            now = trio.current_time()
+            while due and due[0][0] <= now:
+                _, _, action, args = heapq.heappop(due)
+                action(*args)
+            with trio.CancelScope(deadline=due[0][0] if due else math.inf) as self._timer:
+                await trio.sleep_forever()
+            self._timer = None
+
+    def _arrive(self, peer: Peer, kind: str, req_id: int, data: bytes) -> None:
+        if self._nursery is not None:
+            self._nursery.start_soon(self._take, peer, kind, req_id, data)
+
+    async def _take(self, peer: Peer, kind: str, req_id: int, data: bytes) -> None:
         handler = self._handler
         if handler is None:
             return
@@ -247,9 +291,7 @@ class MemoryTransport:
             self._counts["bytes_sent"] += len(outcome)
         self._network._transmit_reply(self, peer.address, req_id, outcome)
 
-    async def _reply_arrives(self, arrival: float, peer: Peer, req_id: int,
-                             outcome: bytes | tuple[str, str]) -> None:
-        await trio.sleep_until(arrival)
+    def _reply_arrives(self, peer: Peer, req_id: int, outcome: bytes | tuple[str, str]) -> None:
         slot = self._pending.get(req_id)
         if slot is None or slot.settled:
             return  # late, duplicated or abandoned
@@ -260,8 +302,7 @@ class MemoryTransport:
             self._counts["bytes_received"] += len(outcome)
             slot.settle(Reply(peer, outcome))
 
-    async def _refused(self, arrival: float, req_id: int, address: str) -> None:
-        await trio.sleep_until(arrival)
+    def _refused(self, req_id: int, address: str) -> None:
         slot = self._pending.get(req_id)
         if slot is not None:
             slot.settle(PeerUnreachable(f"nothing is serving at {address}"))

@@ -81,6 +81,12 @@ class Transport(Protocol):
     the node then does not retransmit requests on it. Without the attribute
     the node assumes frames can be lost.
 
+    A transport that loses frames may offer
+    ``async request_resending(address, data, interval) -> Reply``: like
+    ``request``, sending a copy again every ``interval`` seconds until any copy
+    is answered (the memory network does it with a timer, not a task per
+    copy). Without it the node sends the copies itself.
+
     A transport may also offer ``address_proven(peer) -> bool``: whether it
     knows by itself that ``peer`` listens at ``peer.address`` (the memory
     network names each sender by the address it serves at; TCP: this node

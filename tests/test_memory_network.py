@@ -8,7 +8,15 @@ import pytest
 import trio
 import trio.testing
 
-from ketten import ConfigError, Identity, PeerUnreachable, RemoteError, UsageError
+from ketten import (
+    ConfigError,
+    Identity,
+    NodeConfig,
+    PeerUnreachable,
+    RemoteError,
+    UsageError,
+    open_node,
+)
 from ketten.adapters._netmodel import Faults, NetworkModel
 from ketten.adapters.memory import MemoryNetwork, MemoryTransport
 from ketten.interfaces import Peer
@@ -190,3 +198,46 @@ async def test_thousands_of_endpoints(autojump_clock: trio.testing.MockClock) ->
         assert all(len(r.messages) == 1 for r in recorders)
         assert trio.current_time() - start < 0.2
         nursery.cancel_scope.cancel()
+
+
+async def test_resent_requests_until_one_copy_is_answered(
+        autojump_clock: trio.testing.MockClock) -> None:
+    net = MemoryNetwork(seed=7, faults=Faults(latency=0.01, loss=0.6))
+
+    async def body(a: MemoryTransport, b: MemoryTransport, _: Recorder) -> None:
+        for i in range(20):
+            reply = await a.request_resending(b.address, b"q%d" % i, 0.1)
+            assert reply.data == b"re:q%d" % i
+        sent = a.statistics().requests_sent
+        assert sent > 20  # copies went out again: with loss 0.6 most first copies fail
+        await trio.sleep(5)
+        assert a.statistics().requests_sent == sent  # nothing resent once answered
+        with trio.move_on_after(0.35):
+            net.cut({a.address})
+            await a.request_resending(b.address, b"cut off", 0.1)
+        assert a.statistics().requests_sent == sent + 4  # at 0, 0.1, 0.2 and 0.3 s
+        net.heal()
+        await trio.sleep(5)
+        assert a.statistics().requests_sent == sent + 4  # a request given up is not resent
+        with pytest.raises(RemoteError, match="UsageError"):
+            await a.request_resending(b.address, b"fail", 0.1)
+
+    await with_pair(net, body)
+
+
+async def test_a_node_takes_a_memory_peer_at_its_address_without_checking_it(
+        autojump_clock: trio.testing.MockClock) -> None:
+    # The network names every sender by the address it serves at: the node asked
+    # needs no ping of its own to believe where the asking node listens.
+    net = MemoryNetwork(seed=8, faults=Faults(latency=0.01))
+    configs = [NodeConfig(transport="memory", options={"transport": {"network": net}})
+               for _ in range(2)]
+    async with open_node(configs[0]) as a, open_node(configs[1]) as b:
+
+        async def echo(peer: Peer, body: object) -> object:
+            return body
+
+        a.register_service("echo", echo)
+        assert await b.call(a.address, "echo", 5) == 5
+        await trio.sleep(1)
+        assert a.transport.statistics().requests_sent == 0

@@ -756,7 +756,7 @@ async def open_node(
     node._store = make_plugin(pm, "store", config.store, config.options_for("store"), node)
     node._transport = make_plugin(
         pm, "transport", config.transport, config.options_for("transport"), node)
-    node._rpc.transport = node._transport
+    node._rpc.attach(node._transport)
     if config.clock is not None:
         node._clock = make_plugin(pm, "clock", config.clock, config.options_for("clock"), node)
     if config.overlay is not None:

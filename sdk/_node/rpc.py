@@ -101,12 +101,22 @@ class Rpc:
     _counts: dict[str, int] = attrs.field(init=False)
     _log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(_log), init=False)
     _vouches: Callable[[Peer], bool] = attrs.field(init=False)
+    _resending: Callable[[str, bytes, float], Awaitable[Reply]] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._counts = dict.fromkeys(attrs.fields_dict(RpcStatistics), 0)
-        # The transport's optional address_proven, resolved once (not per message).
-        vouches = getattr(self.transport, "address_proven", None)
+        self.attach(self.transport)
+
+    def attach(self, transport: Transport) -> None:
+        """Carry frames over ``transport`` from now on."""
+        self.transport = transport
+        # Its optional parts, resolved once (not per message).
+        vouches = getattr(transport, "address_proven", None)
         self._vouches = vouches if callable(vouches) else _never
+        # A transport that resends by itself (the memory network) does it without
+        # a task per copy; others get copies sent from here.
+        resending = getattr(transport, "request_resending", None)
+        self._resending = resending if callable(resending) else self._with_retransmits
 
     def statistics(self) -> RpcStatistics:
         return RpcStatistics(**self._counts)
@@ -174,7 +184,9 @@ class Rpc:
             # A transport that cannot lose frames (TCP) gets nothing from a
             # second copy but the extra work of answering it.
             if retransmit and getattr(self.transport, "loses_frames", True):
-                reply = await self._with_retransmits(address, data, limit)
+                # A fixed interval: with loss p per copy and its answer, a request
+                # gets no answer in time with probability about (1 - (1 - p)^2)^8.
+                reply = await self._resending(address, data, limit / 8)
             else:
                 reply = await self.transport.request(address, data)
             if expect is not None and reply.peer.public_key != expect:
@@ -190,7 +202,7 @@ class Rpc:
             return reply.peer, reply_body
         raise PeerUnreachable(f"no reply from {address} within {limit} s")
 
-    async def _with_retransmits(self, address: str, data: bytes, limit: float) -> Reply:
+    async def _with_retransmits(self, address: str, data: bytes, interval: float) -> Reply:
         # Earlier copies stay outstanding: a reply that is merely slow still
         # counts, whichever copy it answers.
         replies: list[Reply] = []
@@ -204,11 +216,9 @@ class Rpc:
                     failures.append(exc)
                 nursery.cancel_scope.cancel()
 
-            # A fixed interval: with loss p per copy and its answer, a request
-            # gets no answer in time with probability about (1 - (1 - p)^2)^8.
             while True:
                 nursery.start_soon(attempt)
-                await trio.sleep(limit / 8)
+                await trio.sleep(interval)
         if replies:
             return replies[0]
         raise failures[0]
