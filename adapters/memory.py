@@ -6,8 +6,9 @@ Delivery is decided by the seeded :class:`~ketten.adapters._netmodel.NetworkMode
 by one timer task per endpoint (a heap of arrivals, in arrival order and then
 in the order they were sent), so under
 ``trio.testing.MockClock(autojump_threshold=0)`` thousands of nodes run in
-virtual time, and a message in flight costs a heap entry, not a task. Peers are authenticated by
-construction: the network knows which identity owns each endpoint.
+virtual time, and a message in flight costs a heap entry, not a task. Peers
+are authenticated by construction: the network knows which identity owns
+each endpoint.
 
 Options: ``network`` (the :class:`MemoryNetwork` the nodes that should see
 each other share; without it a node gets a network of its own and runs
@@ -232,7 +233,9 @@ class MemoryTransport:
         self._counts["requests_sent"] += 1
         self._counts["bytes_sent"] += len(data)
         self._network._transmit(self, address, "request", req_id, data)
-        self._at(trio.current_time() + interval, self._resend, req_id, address, data, interval)
+        if interval < math.inf:
+            self._at(trio.current_time() + interval, self._resend, req_id, address, data,
+                     interval)
 
     async def send(self, address: str, data: bytes) -> None:
         if self._nursery is None:
@@ -248,7 +251,7 @@ class MemoryTransport:
     # -- driver side -------------------------------------------------------
 
     def _at(self, when: float, action: Callable[..., None], *args: Any) -> None:
-        if self._nursery is None or when == math.inf:
+        if self._nursery is None:
             return
         self._queued += 1
         heapq.heappush(self._due, (when, self._queued, action, args))

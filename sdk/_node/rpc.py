@@ -102,6 +102,7 @@ class Rpc:
     _log: RateLimitedLog = attrs.field(factory=lambda: RateLimitedLog(_log), init=False)
     _vouches: Callable[[Peer], bool] = attrs.field(init=False)
     _resending: Callable[[str, bytes, float], Awaitable[Reply]] = attrs.field(init=False)
+    _lossy: bool = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._counts = dict.fromkeys(attrs.fields_dict(RpcStatistics), 0)
@@ -117,6 +118,9 @@ class Rpc:
         # a task per copy; others get copies sent from here.
         resending = getattr(transport, "request_resending", None)
         self._resending = resending if callable(resending) else self._with_retransmits
+        # A transport that cannot lose frames (TCP) gets nothing from a second copy
+        # of a request but the extra work of answering it.
+        self._lossy = bool(getattr(transport, "loses_frames", True))
 
     def statistics(self) -> RpcStatistics:
         return RpcStatistics(**self._counts)
@@ -181,9 +185,7 @@ class Rpc:
         limit = self.request_timeout if timeout is None else timeout
         data = encode_message(service, body, client=self.client)
         with trio.move_on_after(limit):
-            # A transport that cannot lose frames (TCP) gets nothing from a
-            # second copy but the extra work of answering it.
-            if retransmit and getattr(self.transport, "loses_frames", True):
+            if retransmit and self._lossy:
                 # A fixed interval: with loss p per copy and its answer, a request
                 # gets no answer in time with probability about (1 - (1 - p)^2)^8.
                 reply = await self._resending(address, data, limit / 8)
