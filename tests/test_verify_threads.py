@@ -13,6 +13,8 @@ import trio
 import ketten
 from ketten import ConfigError, Event, Identity, NodeConfig, criterion_key
 from ketten._core import event as event_module
+from ketten._core.event import is_verified
+from ketten._core.verified import VerifiedSignatures
 from ketten._node.local_chains import LocalChains, _mark_verified
 from ketten.adapters.memory import MemoryNetwork
 from ketten.errors import InvalidEvent, InvalidSignature, WriterNotAllowed
@@ -121,6 +123,58 @@ def test_a_signature_that_verified_is_not_checked_again_on_the_same_event(
     again = Event.from_bytes(good.to_bytes())
     again.verify()
     assert len(calls) == 4, "a new object of the same bytes is checked afresh"
+
+
+@pytest.fixture
+def checked(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The signatures checked by Ed25519, in order."""
+    calls: list[bytes] = []
+    real = event_module.verify_signature
+
+    def counting(author: bytes, sig: bytes, signed: bytes) -> bool:
+        calls.append(sig)
+        return real(author, sig, signed)
+
+    monkeypatch.setattr(event_module, "verify_signature", counting)
+    return calls
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+async def test_a_run_received_again_is_not_checked_twice_but_a_forgery_of_it_is(
+        threads: int, checked: list[bytes], handed_over: list[int]) -> None:
+    store = MemoryStore()
+    await store.open()
+    chains = LocalChains(store, 1 << 16, verify_threads=threads)
+    raws = chain(100)
+    await chains.verify_run(KEY, None, [Event.from_bytes(raw) for raw in raws])
+    assert len(checked) == 100
+    await chains.verify_run(KEY, None, [Event.from_bytes(raw) for raw in raws])
+    assert len(checked) == 100, "the same bytes decoded again: no second check"
+    assert chains.statistics().signatures_recalled == 100
+    assert sum(handed_over) == (100 if threads else 0), "no thread for what was recalled"
+
+    # The same fields under another signature hash differently: checked, and refused.
+    forged = [Event.from_bytes(raw) for raw in chain(100, forged_at=70)]
+    with pytest.raises(InvalidSignature, match="seq 70 "):
+        await chains.verify_run(KEY, None, forged)
+    assert checked[100:] == [forged[70].sig]
+    with pytest.raises(InvalidSignature, match="seq 70 "):
+        await chains.verify_run(KEY, None, [Event.from_bytes(e.to_bytes()) for e in forged])
+    assert checked[101:] == [forged[70].sig], "a signature that failed is never remembered"
+
+
+def test_the_memory_of_verified_signatures_is_bounded_and_holds_only_verified_ones() -> None:
+    memory = VerifiedSignatures(capacity=10)
+    events = [Event.from_bytes(raw) for raw in chain(30)]
+    memory.remember(events)
+    assert len(memory) == 0, "nothing verified yet"
+    for event in events:
+        event.verify()
+    memory.remember(events)
+    assert len(memory) == 10
+    again = [Event.from_bytes(e.to_bytes()) for e in events]
+    assert memory.recall(again) == 10
+    assert [is_verified(e) for e in again] == [False] * 20 + [True] * 10, "oldest forgotten"
 
 
 @pytest.mark.parametrize("value", [-1, 65, 2.0, "2", True])

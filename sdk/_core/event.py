@@ -14,7 +14,7 @@ from . import codec as _codec
 from .codec import MAX_UINT, head_size
 from .identity import PUBLIC_KEY_SIZE, SIGNATURE_SIZE, Identity, verify_signature
 
-__all__ = ["DEFAULT_MAX_EVENT_SIZE", "ENCODING_VERSION", "Event"]
+__all__ = ["DEFAULT_MAX_EVENT_SIZE", "ENCODING_VERSION", "Event", "is_verified", "mark_verified"]
 
 ENCODING_VERSION = 1
 DEFAULT_MAX_EVENT_SIZE = 1 << 20
@@ -206,6 +206,17 @@ class Event:
             f"hash={self._hash.hex()[:12]}, author={self.author.hex()[:12]}, "
             f"payload={len(self.payload)}B)"
         )
+
+
+def is_verified(event: Event) -> bool:
+    """Did ``event``'s signature verify (on this object, or :func:`mark_verified`)?"""
+    return bool(event.__dict__.get("_verified"))
+
+
+def mark_verified(event: Event) -> None:
+    """Take ``event``'s signature as verified: only for a caller that saw an event of
+    the same hash (which covers the signature) verify."""
+    event.__dict__["_verified"] = True
 
 
 def _assemble(cls: type[Event], fields: list[Any], sig: bytes, raw: bytes,

@@ -18,9 +18,10 @@ import attrs
 import trio
 
 from .._core.chain import Verify, WriterPolicy, check_run
-from .._core.event import Event
+from .._core.event import Event, is_verified
 from .._core.membership import ChainState, Pos
 from .._core.messages import MAX_EVENTS
+from .._core.verified import VerifiedSignatures
 from ..errors import (
     DecodeError,
     InvalidEvent,
@@ -192,6 +193,8 @@ class LocalStatistics:
     events_dropped: int
     invalid_events: int
     state_writes: int
+    signatures_recalled: int
+    """Events received again whose signature had verified here lately (not checked twice)."""
 
 
 @attrs.define(eq=False)
@@ -212,6 +215,7 @@ class LocalChains:
     _appended: list[Appended] = attrs.field(factory=list, init=False)
     _orphaned: list[Orphaned] = attrs.field(factory=list, init=False)
     _dropped: list[Callable[[bytes], None]] = attrs.field(factory=list, init=False)
+    _verified: VerifiedSignatures = attrs.field(factory=VerifiedSignatures, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -354,14 +358,19 @@ class LocalChains:
             return
         # The policy is read only when the run does not start with the genesis.
         policy = None if events[0].seq == 0 else await self.policy(criterion) or WriterPolicy()
-        if signatures and self.verify_threads > 0 and len(events) >= _THREADED_RUN:
-            await self._check_signatures(events)
+        if signatures:
+            known = self._verified.recall(events)
+            self._counts["signatures_recalled"] += known
+            if self.verify_threads > 0 and len(events) - known >= _THREADED_RUN:
+                await self._check_signatures([e for e in events if not is_verified(e)])
         try:
             check_run(criterion, prev, events, policy=policy,
                       verify=Verify.FULL if signatures else Verify.LINKS)
         except InvalidEvent:
             self._counts["invalid_events"] += 1
             raise
+        if signatures:
+            self._verified.remember(events)
 
     async def _check_signatures(self, events: Sequence[Event]) -> None:
         """Check the signatures of ``events`` on worker threads, marking those that
