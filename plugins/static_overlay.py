@@ -5,7 +5,11 @@ hello carries the sender's replication factor (peers with another ``r`` are
 refused) and the members the sender knows, and so does the reply, so the
 membership spreads. Hellos double as liveness pings every ``interval``
 seconds: a member that does not answer is marked down until it answers
-again. A member that has been down for ``evict_after`` seconds leaves the
+again. The list is sent only where it can tell something: each hello and
+reply carries a digest of the sender's view (its live members and itself),
+and a node leaves its list out of a hello to a member whose last digest
+matches its own, and out of a reply to a hello whose digest matches, so a
+settled network's hellos cost the same whatever its size. A member that has been down for ``evict_after`` seconds leaves the
 replica sets (:meth:`StaticOverlay.closest`); until then it keeps its place,
 so that a partition or a restart shorter than ``evict_after`` does not move
 any chain to other brokers (consistency over availability).
@@ -27,12 +31,16 @@ Options (``NodeConfig.options["overlay"]``): ``seeds`` (list of addresses),
 ``interval`` (seconds, default 1.0), ``evict_after`` (seconds, default
 30.0), ``admit``, ``operators``, ``admission``.
 
-Service ``static``: ``{op: "hello", r: int, known: [[address, public key], ...],
-adm: ticket?}`` -> ``{r: int, known: [...], adm: ticket?}``.
+Service ``static``: ``{op: "hello", r: int, known?: [[address, public key], ...],
+dg?: digest, adm?: ticket}`` -> ``{r: int, known?: [...], dg?: digest, adm?: ticket}``
+(``dg``: the first 16 bytes of the SHA-256 of the canonical encoding of the
+sender's sorted ``[address, public key]`` pairs of its live members and itself;
+without it, the other side sends its list).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -55,6 +63,7 @@ _MAX_CANDIDATES = 256
 _ADMISSION_LABEL = b"ketten-static-admission\x00"
 _CURSOR = "overlay/static/members"
 _CANDIDATE_TRIES = 3
+_DIGEST_SIZE = 16
 
 
 @attrs.frozen
@@ -68,6 +77,9 @@ class OverlayStatistics:
     hello_failures: int
     hellos_served: int
     refused: int
+    lists_sent: int
+    """Hellos and replies that carried this node's member list (the others carried
+    only its digest: the other side's view was the same)."""
 
 
 def admission_ticket(operator: Identity, member_key: bytes) -> bytes:
@@ -99,6 +111,8 @@ class _Member:
     peer: Peer
     node_id: bytes
     down_since: float | None = None
+    digest: bytes | None = None
+    """The digest of the member's view it sent last."""
 
 
 @attrs.define(eq=False)
@@ -115,12 +129,14 @@ class StaticOverlay:
     _members: dict[bytes, _Member] = attrs.field(factory=dict, init=False)
     _candidates: dict[str, int] = attrs.field(factory=dict, init=False)
     _dirty: bool = attrs.field(default=False, init=False)
+    _view: tuple[list[list[Any]], bytes] | None = attrs.field(default=None, init=False)
     _rng: random.Random = attrs.field(init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
         self._rng = random.Random(self.node.identity.node_id)
-        self._counts = {"hellos_sent": 0, "hello_failures": 0, "hellos_served": 0, "refused": 0}
+        self._counts = {"hellos_sent": 0, "hello_failures": 0, "hellos_served": 0, "refused": 0,
+                        "lists_sent": 0}
         self.node.register_service("static", self._serve)
 
     # -- Overlay -----------------------------------------------------------
@@ -188,14 +204,30 @@ class StaticOverlay:
 
     # -- membership --------------------------------------------------------
 
-    def _known(self) -> list[list[Any]]:
-        out: list[list[Any]] = []
-        for member in self._members.values():
-            if member.down_since is None:
-                out.append([member.peer.address, member.peer.public_key])
-            if len(out) >= _MAX_KNOWN:
-                break
-        return out
+    def _known(self) -> tuple[list[list[Any]], bytes]:
+        """The live members this node tells others of, and the digest of its view
+        (worked out again only after a member came, went down or came back)."""
+        if self._view is None:
+            out: list[list[Any]] = []
+            for member in self._members.values():
+                if member.down_since is None:
+                    out.append([member.peer.address, member.peer.public_key])
+                if len(out) >= _MAX_KNOWN:
+                    break
+            view = sorted([[p[0], p[1]] for p in out]
+                          + [[self.node.address, self.node.identity.public_key]])
+            digest = hashlib.sha256(wire.dumps_canonical(view)).digest()[:_DIGEST_SIZE]
+            self._view = out, digest
+        return self._view
+
+    def _with_list(self, body: dict[str, Any], theirs: bytes | None) -> dict[str, Any]:
+        """``body`` with this node's digest, and its list unless ``theirs`` matches."""
+        known, digest = self._known()
+        body["dg"] = digest
+        if theirs != digest:
+            body["known"] = known
+            self._counts["lists_sent"] += 1
+        return body
 
     def _admit(self, peer: Peer, *, proven: bool = True) -> None:
         """Take ``peer`` as a member at its address. ``proven``: it answered a hello
@@ -217,13 +249,18 @@ class StaticOverlay:
             if (proven and member.peer.address == peer.address and key != peer.public_key
                     and member.down_since is None):
                 member.down_since = trio.current_time()
+                self._view = None
         if known is None:
             self._members[peer.public_key] = _Member(peer, peer.node_id)
             self._dirty = True
+            self._view = None
             self.node.plugins.hook.ketten_peer_joined(node=self.node, peer=peer)
             return
         if known.peer != peer:
             self._dirty = True
+            self._view = None
+        if known.down_since is not None:
+            self._view = None
         known.peer = peer
         known.down_since = None
 
@@ -246,6 +283,7 @@ class StaticOverlay:
                     self._members.setdefault(peer.public_key, _Member(peer, peer.node_id))
         except DecodeError:
             self._members.clear()
+        self._view = None
 
     async def _remember(self) -> None:
         if not self._dirty:
@@ -289,9 +327,14 @@ class StaticOverlay:
             raise ProtocolError(f"{peer.node_id.hex()[:16]} is not admitted to this network "
                                 "(its key is not listed and it has no valid ticket)")
         self._counts["hellos_served"] += 1
+        theirs = _digest(body, "hello")
         self._admit(peer, proven=False)
-        self._learn(body.get("known"), "hello")
-        return self._body({"r": self.node.config.replication, "known": self._known()})
+        if "known" in body:
+            self._learn(body["known"], "hello")
+        member = self._members.get(peer.public_key)
+        if member is not None and member.peer.address == peer.address:
+            member.digest = theirs
+        return self._body(self._with_list({"r": self.node.config.replication}, theirs))
 
     def _body(self, body: dict[str, Any]) -> dict[str, Any]:
         if self.ticket is not None:
@@ -300,8 +343,8 @@ class StaticOverlay:
 
     async def _hello(self, address: str, member: _Member | None) -> None:
         self._counts["hellos_sent"] += 1
-        body = self._body({"op": "hello", "r": self.node.config.replication,
-                           "known": self._known()})
+        body = self._body(self._with_list({"op": "hello", "r": self.node.config.replication},
+                                          None if member is None else member.digest))
         timeout = min(self.node.config.request_timeout, self.interval)
         try:
             peer, reply = await self.node.request(address, "static", body, timeout=timeout)
@@ -309,12 +352,16 @@ class StaticOverlay:
             if not self.admission.admits(peer.public_key, reply.get("adm")):
                 self._counts["refused"] += 1
                 raise ProtocolError(f"{address} is not admitted to this network")
-            self._learn(reply.get("known"), "hello reply")
+            theirs = _digest(reply, "hello reply")
+            if "known" in reply:
+                self._learn(reply["known"], "hello reply")
         except KettenError:
             self._counts["hello_failures"] += 1
             if member is not None:
+                member.digest = None  # it may come back with another view: tell it ours
                 if member.down_since is None:
                     member.down_since = trio.current_time()
+                    self._view = None
             else:
                 tries = self._candidates.get(address)
                 if tries is not None:
@@ -326,7 +373,11 @@ class StaticOverlay:
         if (member is not None and peer.public_key != member.peer.public_key
                 and member.down_since is None):
             member.down_since = trio.current_time()
+            self._view = None
         self._admit(peer)
+        answered = self._members.get(peer.public_key)
+        if answered is not None:
+            answered.digest = theirs
 
     async def _round(self) -> None:
         targets: list[tuple[str, _Member | None]] = [
@@ -338,6 +389,17 @@ class StaticOverlay:
             for address, member in targets:
                 nursery.start_soon(self._hello, address, member)
         await self._remember()
+
+
+def _digest(body: Any, where: str) -> bytes | None:
+    """The ``dg`` of a hello or reply (``None`` if it has none)."""
+    if type(body) is not dict or "dg" not in body:
+        return None
+    digest = field(body, "dg", bytes, where=where)
+    if len(digest) != _DIGEST_SIZE:
+        raise DecodeError(f"field 'dg' must be {_DIGEST_SIZE} bytes, not {len(digest)}",
+                          where=where)
+    return bytes(digest)
 
 
 def _number(options: Mapping[str, Any], name: str, default: float) -> float:

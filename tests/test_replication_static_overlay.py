@@ -51,6 +51,47 @@ async def test_membership_spreads_from_one_seed(plugins, autojump_clock) -> None
         nursery.cancel_scope.cancel()
 
 
+def sent(nodes: list[Node]) -> int:
+    """Bytes the nodes' transports sent (requests and replies)."""
+    return sum(node.statistics().transport.bytes_sent for node in nodes)
+
+
+async def test_a_settled_network_greets_with_digests_and_lists_again_on_a_change(
+        plugins, autojump_clock) -> None:
+    net = MemoryNetwork()
+    async with trio.open_nursery() as nursery:
+
+        async def run(index: int, *, task_status: trio.TaskStatus[Node]) -> None:
+            async with open_node(config(net, index), plugins=plugins) as node:
+                task_status.started(node)
+                await trio.sleep_forever()
+
+        nodes: list[Node] = [await nursery.start(run, index) for index in range(8)]
+        await trio.sleep(5.0)
+        overlays = [overlay_of(node) for node in nodes]
+        assert all(o.statistics().live == 7 for o in overlays)
+        before = [o.statistics() for o in overlays]
+        sent_before = sent(nodes)
+        await trio.sleep(10.0)
+        after = [o.statistics() for o in overlays]
+        hellos = sum(a.hellos_sent - b.hellos_sent for a, b in zip(after, before))
+        assert hellos >= 8 * 7 * 10, "every member is still greeted every interval"
+        assert sum(a.lists_sent for a in after) == sum(b.lists_sent for b in before), \
+            "the views agree: no list is sent"
+        per_hello = (sent(nodes) - sent_before) / hellos
+        assert per_hello < 200, "a hello and its reply carry no member list"
+
+        # A newcomer greets one seed; its list reaches everyone, and everyone's view
+        # changes, so lists go round until the views agree again.
+        nodes.append(await nursery.start(run, 8))
+        await trio.sleep(5.0)
+        assert all(overlay_of(node).statistics().live == 8 for node in nodes)
+        settled = [overlay_of(node).statistics().lists_sent for node in nodes]
+        await trio.sleep(5.0)
+        assert [overlay_of(node).statistics().lists_sent for node in nodes] == settled
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_silent_member_is_down_then_evicted_then_back(plugins, autojump_clock) -> None:
     net = MemoryNetwork()
     async with trio.open_nursery() as nursery:

@@ -115,6 +115,9 @@ def plugin_seeds(author: Identity, key: bytes) -> None:
     save("static_hello", b"\x00" + dumps({"op": "hello", "r": 3, "known": known}))
     save("static_hello", b"\x00" + dumps({"op": "hello", "r": 3, "known": [], "adm": bytes(64)}))
     save("static_hello", b"\x01" + dumps(known))
+    save("static_hello", b"\x00" + dumps({"op": "hello", "r": 3, "dg": bytes(16)}))
+    save("static_hello", b"\x00" + dumps({"op": "hello", "r": 3, "known": known,
+                                           "dg": bytes(range(16))}))
 
     ring = [RingContact(p, i << 40) for i, p in enumerate(peers)]
     save("gosskip_message", b"\x00" + dumps(gosskip.encode_gossip(2, 1 << 50, ring[:3])))
