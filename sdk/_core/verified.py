@@ -22,7 +22,8 @@ class VerifiedSignatures:
     Only events that verified are remembered; the oldest are forgotten first.
     """
 
-    capacity: int = 8192
+    capacity: int = 4096
+    """About 0.6 MB when full."""
     _hashes: OrderedDict[bytes, None] = attrs.field(factory=OrderedDict, init=False)
 
     def recall(self, events: Sequence[Event]) -> int:
