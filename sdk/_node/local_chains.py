@@ -358,19 +358,25 @@ class LocalChains:
             return
         # The policy is read only when the run does not start with the genesis.
         policy = None if events[0].seq == 0 else await self.policy(criterion) or WriterPolicy()
-        if signatures:
-            known = self._verified.recall(events)
-            self._counts["signatures_recalled"] += known
-            if self.verify_threads > 0 and len(events) - known >= _THREADED_RUN:
-                await self._check_signatures([e for e in events if not is_verified(e)])
+        threaded = self._recall_signatures(events) if signatures else []
+        if threaded:
+            await self._check_signatures(threaded)
         try:
             check_run(criterion, prev, events, policy=policy,
                       verify=Verify.FULL if signatures else Verify.LINKS)
         except InvalidEvent:
             self._counts["invalid_events"] += 1
             raise
-        if signatures:
-            self._verified.remember(events)
+        self._verified.remember(events)
+
+    def _recall_signatures(self, events: Sequence[Event]) -> list[Event]:
+        """Mark the events whose signatures verified here lately; return the rest if
+        they are worth checking on worker threads (else none: ``check_run`` does)."""
+        known = self._verified.recall(events)
+        self._counts["signatures_recalled"] += known
+        if self.verify_threads == 0 or len(events) - known < _THREADED_RUN:
+            return []
+        return [e for e in events if not is_verified(e)]
 
     async def _check_signatures(self, events: Sequence[Event]) -> None:
         """Check the signatures of ``events`` on worker threads, marking those that
