@@ -9,10 +9,11 @@ again. The list is sent only where it can tell something: each hello and
 reply carries a digest of the sender's view (its live members and itself),
 and a node leaves its list out of a hello to a member whose last digest
 matches its own, and out of a reply to a hello whose digest matches, so a
-settled network's hellos cost the same whatever its size. A member that has been down for ``evict_after`` seconds leaves the
-replica sets (:meth:`StaticOverlay.closest`); until then it keeps its place,
-so that a partition or a restart shorter than ``evict_after`` does not move
-any chain to other brokers (consistency over availability).
+settled network's hellos cost the same whatever its size. A member that
+has been down for ``evict_after`` seconds leaves the replica sets
+(:meth:`StaticOverlay.closest`); until then it keeps its place, so that a
+partition or a restart shorter than ``evict_after`` does not move any chain
+to other brokers (consistency over availability).
 
 Members are kept in a store cursor, so a node that restarts sees the same
 replica sets as before even if it cannot reach its seeds yet. Only peers
@@ -214,8 +215,7 @@ class StaticOverlay:
                     out.append([member.peer.address, member.peer.public_key])
                 if len(out) >= _MAX_KNOWN:
                     break
-            view = sorted([[p[0], p[1]] for p in out]
-                          + [[self.node.address, self.node.identity.public_key]])
+            view = sorted([*out, [self.node.address, self.node.identity.public_key]])
             digest = hashlib.sha256(wire.dumps_canonical(view)).digest()[:_DIGEST_SIZE]
             self._view = out, digest
         return self._view
