@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import trio
 
 from ketten import criterion_key
-from ketten._node.local_chains import STATE_PREFIX
+from ketten._node.local_chains import STATE_PREFIX, LocalChains
 from ketten.testing import open_cluster
 
 
@@ -82,3 +84,29 @@ async def test_a_commit_mark_alone_travels_one_way(autojump_clock) -> None:
         for index in cluster.brokers(key):
             replica = await cluster[index]._replicator.replica(key)
             assert replica is not None and replica.commit == (10, event.hash)
+
+
+async def test_a_restarted_node_reads_no_chain_state_again_in_its_rounds(
+        autojump_clock, monkeypatch) -> None:
+    """A node loads every chain's replication state once, at start: its background
+    rounds (which look at every chain now and then) never read one from the store."""
+    reads: list[int] = []
+    real = LocalChains.state
+
+    async def counting(self: LocalChains, criterion: bytes) -> Any:
+        reads.append(id(self))
+        return await real(self, criterion)
+
+    monkeypatch.setattr(LocalChains, "state", counting)
+    async with open_cluster(4, overlay="static", seed=5, settle=3.0) as cluster:
+        for n in range(40):
+            await cluster[n % 4].publish(f"held-{n}", b"x")
+        await trio.sleep(10.0)
+        await cluster.stop(2)
+        node = await cluster.start(2)
+        held = node.replication_statistics().chains_held
+        assert held >= 20
+        rounds = node.replication_statistics().full_rounds
+        await trio.sleep(60.0)
+        assert node.replication_statistics().full_rounds - rounds >= 3
+        assert reads.count(id(node._chains)) == 0

@@ -654,8 +654,20 @@ class Replicator:
     async def load_all(self) -> None:
         """Index every chain this node holds replication state of, and recall the chains
         it knew to exist (at start)."""
-        heads = await self.chains.store.heads()
-        for criterion, state in (await self.chains.states()).items():
+        self._load_states(await self.chains.states(), await self.chains.store.heads())
+        known = await self.chains.store.get_cursor(_KNOWN_CURSOR)
+        if known is not None:
+            self.sets.load_known(known)
+        lost = await self.chains.store.get_cursor(_LOST_CURSOR) or b""
+        for start in range(0, len(lost) - len(lost) % 64, 64):
+            self._give_up(lost[start:start + 32], lost[start + 32:start + 64])
+
+    def _load_states(self, states: Mapping[bytes, ChainState],
+                     heads: Mapping[bytes, tuple[int, bytes]]) -> None:
+        """Index the chains of ``states`` and load their replicas (as many as are kept
+        loaded), so that no background round reads a state from the store again."""
+        own = self.own().key
+        for criterion, state in states.items():
             self._index(criterion, state)
             self.sets.note_exists(criterion)
             head = heads.get(criterion)
@@ -663,12 +675,10 @@ class Replicator:
                 # The store lost committed events (a damaged tail, a quarantine):
                 # the leader is asked to send them again once the node runs.
                 self._short.add(criterion)
-        known = await self.chains.store.get_cursor(_KNOWN_CURSOR)
-        if known is not None:
-            self.sets.load_known(known)
-        lost = await self.chains.store.get_cursor(_LOST_CURSOR) or b""
-        for start in range(0, len(lost) - len(lost) % 64, 64):
-            self._give_up(lost[start:start + 32], lost[start + 32:start + 64])
+            if criterion not in self._replicas and len(self._replicas) < _MAX_LOADED:
+                self._replicas[criterion] = Replica(
+                    criterion, own, state, None if head is None else (head[0], head[1]),
+                    election_timeout=self.options.election_timeout)
 
     # -- observers of the store ----------------------------------------------------
 
