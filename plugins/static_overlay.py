@@ -246,10 +246,8 @@ class StaticOverlay:
                 return
         self._candidates.pop(peer.address, None)
         for key, member in list(self._members.items()):
-            if (proven and member.peer.address == peer.address and key != peer.public_key
-                    and member.down_since is None):
-                member.down_since = trio.current_time()
-                self._view = None
+            if proven and member.peer.address == peer.address and key != peer.public_key:
+                self._mark_down(member)
         if known is None:
             self._members[peer.public_key] = _Member(peer, peer.node_id)
             self._dirty = True
@@ -263,6 +261,12 @@ class StaticOverlay:
             self._view = None
         known.peer = peer
         known.down_since = None
+
+    def _mark_down(self, member: _Member) -> None:
+        """A live member's address went silent, or answers with another key."""
+        if member.down_since is None:
+            member.down_since = trio.current_time()
+            self._view = None
 
     async def _recall(self) -> None:
         """Reload the members known before a restart: a node that comes back
@@ -359,9 +363,7 @@ class StaticOverlay:
             self._counts["hello_failures"] += 1
             if member is not None:
                 member.digest = None  # it may come back with another view: tell it ours
-                if member.down_since is None:
-                    member.down_since = trio.current_time()
-                    self._view = None
+                self._mark_down(member)
             else:
                 tries = self._candidates.get(address)
                 if tries is not None:
@@ -370,10 +372,8 @@ class StaticOverlay:
                     else:
                         self._candidates[address] = tries + 1
             return
-        if (member is not None and peer.public_key != member.peer.public_key
-                and member.down_since is None):
-            member.down_since = trio.current_time()
-            self._view = None
+        if member is not None and peer.public_key != member.peer.public_key:
+            self._mark_down(member)
         self._admit(peer)
         answered = self._members.get(peer.public_key)
         if answered is not None:
@@ -392,14 +392,14 @@ class StaticOverlay:
 
 
 def _digest(body: Any, where: str) -> bytes | None:
-    """The ``dg`` of a hello or reply (``None`` if it has none)."""
-    if type(body) is not dict or "dg" not in body:
+    """The ``dg`` of a hello or reply (a map already checked; ``None`` if it has none)."""
+    if "dg" not in body:
         return None
-    digest = field(body, "dg", bytes, where=where)
+    digest: bytes = field(body, "dg", bytes, where=where)
     if len(digest) != _DIGEST_SIZE:
         raise DecodeError(f"field 'dg' must be {_DIGEST_SIZE} bytes, not {len(digest)}",
                           where=where)
-    return bytes(digest)
+    return digest
 
 
 def _number(options: Mapping[str, Any], name: str, default: float) -> float:

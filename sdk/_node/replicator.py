@@ -607,9 +607,8 @@ class Replicator:
         replica = self._replicas.get(criterion)  # loaded while we read
         if replica is not None:
             return replica
-        replica = Replica(criterion, self.own().key, state or ChainState(),
-                          await self.chains.head_pos(criterion),
-                          election_timeout=self.options.election_timeout)
+        replica = self._new_replica(criterion, state or ChainState(),
+                                    await self.chains.head_pos(criterion))
         self._replicas[criterion] = replica
         self._index(criterion, replica.state)
         self._evict()
@@ -666,7 +665,6 @@ class Replicator:
                      heads: Mapping[bytes, tuple[int, bytes]]) -> None:
         """Index the chains of ``states`` and load their replicas (as many as are kept
         loaded), so that no background round reads a state from the store again."""
-        own = self.own().key
         for criterion, state in states.items():
             self._index(criterion, state)
             self.sets.note_exists(criterion)
@@ -676,9 +674,12 @@ class Replicator:
                 # the leader is asked to send them again once the node runs.
                 self._short.add(criterion)
             if criterion not in self._replicas and len(self._replicas) < _MAX_LOADED:
-                self._replicas[criterion] = Replica(
-                    criterion, own, state, None if head is None else (head[0], head[1]),
-                    election_timeout=self.options.election_timeout)
+                self._replicas[criterion] = self._new_replica(
+                    criterion, state, None if head is None else (head[0], head[1]))
+
+    def _new_replica(self, criterion: bytes, state: ChainState, head: Pos | None) -> Replica:
+        return Replica(criterion, self.own().key, state, head,
+                       election_timeout=self.options.election_timeout)
 
     # -- observers of the store ----------------------------------------------------
 
