@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import ketten
@@ -69,6 +70,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return out
 
 
+@functools.cache  # parsing every module takes a second; the tests only read it
 def graph() -> dict[str, set[str]]:
     found = modules()
     known = set(found)
@@ -76,12 +78,13 @@ def graph() -> dict[str, set[str]]:
 
 
 def test_the_core_is_sans_io() -> None:
+    g = graph()
     for name, path in modules().items():
         if not name.startswith("ketten._core"):
             continue
         source = path.read_text()
         assert "import trio" not in source, f"{name} imports trio"
-        for target in graph()[name]:
+        for target in g[name]:
             assert target.startswith("ketten._core") or target == "ketten.errors", (
                 f"{name} imports {target}")
 
