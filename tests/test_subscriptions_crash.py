@@ -29,6 +29,7 @@ SUBSCRIBERS = (10, 13)
 BROKERS = 3
 PER_CRITERION = 30
 KILLS = 20
+STARTUP_LIMIT = 30.0
 
 
 def free_ports(count: int) -> list[int]:
@@ -82,8 +83,12 @@ async def publish(node: Node, key: bytes, payload: bytes, command: int) -> Event
 
 async def run_worker(route: str, identity: int, store: Path, run: int, seeds: list[str],
                      names: list[str], kill_after: float | None) -> list[str]:
-    """Run one subscriber process; SIGKILL it after ``kill_after`` seconds (None: let it
-    finish). Returns its output lines."""
+    """Run one subscriber process; SIGKILL it ``kill_after`` seconds after it says it is
+    ready (None: let it finish). Returns its output lines.
+
+    The kill clock starts at ``ready``, not at the spawn: on a busy machine starting
+    Python can take longer than the whole interval, and a subscriber killed before it
+    subscribed tests nothing. One that is not ready within ``STARTUP_LIMIT`` is killed."""
     total = PER_CRITERION * len(names)
     proc = await trio.lowlevel.open_process(
         [sys.executable, str(WORKER), route, str(identity), str(store), str(run), str(total),
@@ -91,12 +96,17 @@ async def run_worker(route: str, identity: int, store: Path, run: int, seeds: li
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     assert proc.stdout is not None
     buffer = bytearray()
-    with trio.move_on_after(kill_after if kill_after is not None else 90.0):
+    ready = False
+    with trio.move_on_after(STARTUP_LIMIT if kill_after is not None else 90.0) as scope:
         while True:
             chunk = await proc.stdout.receive_some()
             if not chunk:
                 break
             buffer += chunk
+            if kill_after is not None and not ready and (
+                    buffer.startswith(b"ready") or b"\nready" in buffer):
+                ready = True
+                scope.deadline = trio.current_time() + kill_after
     if proc.returncode is None:
         proc.kill()
     await proc.wait()
