@@ -24,17 +24,17 @@ which then ends it with its thread stacks. The list says where each task waits,
 which a thread's stack cannot."""
 
 
+def _declared_timeout(item: pytest.Item) -> float:
+    """The test's own ``timeout`` mark (0: it declares none)."""
+    mark = item.get_closest_marker("timeout")
+    return float(mark.args[0]) if mark is not None and mark.args else 0.0
+
+
 def _report_after(item: pytest.Item) -> float:
     if HANG_REPORT_AFTER is not None:
         return float(HANG_REPORT_AFTER)
-    mark = item.get_closest_marker("timeout")
-    limit = mark.args[0] if mark is not None and mark.args else item.config.getoption("timeout")
+    limit = _declared_timeout(item) or item.config.getoption("timeout")
     return 2 / 3 * float(limit or 900)
-
-
-def _declared_timeout(item: pytest.Item) -> float:
-    mark = item.get_closest_marker("timeout")
-    return float(mark.args[0]) if mark is not None and mark.args else 0.0
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
