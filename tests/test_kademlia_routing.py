@@ -219,6 +219,28 @@ def test_refresh_and_touch() -> None:
     assert 3 in table.stale_buckets(110.0, 100.0)
 
 
+def test_a_join_refreshes_only_buckets_its_own_lookup_did_not_complete() -> None:
+    own = contact(0).id
+    network = [contact(s) for s in range(1, 400)]
+    table = RoutingTable(own, k=8)
+    for c in network:
+        table.observe(c, 0.0)
+    closest = sorted(network, key=lambda c: c.id ^ own)[:8]
+    farthest = bucket_index(own, closest[-1].id)
+    before = table.stale_buckets(10.0, 100.0)
+    assert max(before) > farthest + 1
+    table.joined(closest, 10.0)
+    # Every node of a deeper bucket is nearer than the 8th closest: it was found.
+    assert all(c in closest for c in network if bucket_index(own, c.id) > farthest)
+    assert table.stale_buckets(10.0, 100.0) == list(range(farthest + 1))
+    # A lookup that found fewer than k nodes proves nothing about any bucket.
+    fresh = RoutingTable(own, k=8)
+    for c in network:
+        fresh.observe(c, 0.0)
+    fresh.joined(closest[:7], 10.0)
+    assert fresh.stale_buckets(10.0, 100.0) == before
+
+
 # -- lookup ------------------------------------------------------------------
 
 

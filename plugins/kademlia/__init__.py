@@ -31,7 +31,8 @@ Options (``NodeConfig.options["overlay"]``):
 ``siblings`` (sibling list size, default ``5 * replication``),
 ``stale_after`` (failed requests in a row before a contact is dropped, 5),
 ``ping_interval`` (seconds between liveness pings of the siblings, 10.0),
-``join_refresh`` (refresh every bucket after joining, true).
+``join_refresh`` (after joining, refresh every bucket the lookup of the own id did
+not find complete, true).
 
 Under loss the table does not flap: requests are retransmitted on lossy
 transports, a contact is dropped only after ``stale_after`` failures in a row
@@ -355,8 +356,9 @@ class KademliaOverlay:
             if self.options.bootstrap and not again:
                 _log.warning("%s: no bootstrap node answered; running alone", own_address)
             return
-        await self._lookup(self._own, self.options.k)
+        found = await self._lookup(self._own, self.options.k)
         if self.options.join_refresh:
+            self._table.joined(found.result(self.options.k), trio.current_time())
             await self._refresh()
 
     async def _refresh(self) -> None:

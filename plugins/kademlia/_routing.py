@@ -18,6 +18,7 @@ import enum
 import heapq
 import math
 import random
+from collections.abc import Sequence
 
 import attrs
 
@@ -169,6 +170,17 @@ class RoutingTable:
         """Buckets not touched by a lookup for ``interval``, up to the deepest used one."""
         return [i for i in range(self._deepest + 1)
                 if now - self._touched[i] >= interval]
+
+    def joined(self, closest: Sequence[Contact], now: float) -> None:
+        """The own id's lookup of a join found ``closest`` (nearest first, at most
+        ``k``). If it found ``k``, every node of a bucket deeper than the farthest
+        one's is nearer to the own id than that node, so it is among them: such a
+        bucket holds what the network has there and counts as refreshed ``now``."""
+        if len(closest) < self.k:
+            return
+        farthest = bucket_index(self.own_id, closest[-1].id)
+        for index in range(farthest + 1, ID_BITS):
+            self._touched[index] = now
 
     def refresh_target(self, index: int, rng: random.Random) -> int:
         return id_in_bucket(self.own_id, index, rng)
