@@ -15,6 +15,9 @@ transports is tested in ``test_kademlia_overlay.py`` and ``test_tcp.py``.
 
 from __future__ import annotations
 
+import heapq
+import random
+
 import pytest
 
 from ketten.plugins.kademlia._sim import SimNode, Simulation
@@ -45,6 +48,24 @@ def churn(sim: Simulation, fraction: float, rounds: int, lookups: int) -> float:
         sim.grow(per_round)
         rates.append(success(sim, random_pairs(sim, lookups)))
     return sum(rates) / len(rates)
+
+
+def test_the_true_closest_nodes_are_those_brute_force_finds() -> None:
+    sim = Simulation(seed=5)
+    for _ in range(300):
+        sim.new_node()
+    rng = random.Random(1)
+    for node in rng.sample(sim.nodes, 100):
+        sim.kill(node)
+    live = [n.contact.id for n in sim.alive()]
+    for trial in range(1000):
+        near = rng.choice(live) ^ rng.getrandbits(rng.randrange(1, 256))
+        target = near if trial % 2 else rng.getrandbits(256)
+        count = rng.choice([1, 3, 20, 199, 200, 250])
+        brute = heapq.nsmallest(count, live, key=lambda i: i ^ target)
+        assert sim.true_closest(target, count) == brute, (trial, count)
+    sim.kill(sim.alive()[0])
+    assert len(sim.true_closest(0, 250)) == 199
 
 
 def test_1000_nodes_converge_and_survive_churn() -> None:

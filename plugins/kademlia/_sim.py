@@ -17,6 +17,7 @@ that asks them before it has come close to the target.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import heapq
 import random
@@ -27,7 +28,7 @@ import attrs
 
 from ketten.interfaces import Peer
 
-from ._ids import Contact
+from ._ids import ID_BITS, Contact
 from ._lookup import Lookup, Query
 from ._routing import RoutingTable
 
@@ -67,6 +68,8 @@ class Simulation:
     _by_address: dict[str, SimNode] = attrs.field(factory=dict, init=False)
     _colluders: list[Contact] = attrs.field(factory=list, init=False)
     _joined: list[SimNode] = attrs.field(factory=list, init=False)
+    _live_ids: list[int] | None = attrs.field(default=None, init=False)
+    """The live nodes' ids in order (``None``: to be sorted again)."""
 
     def __attrs_post_init__(self) -> None:
         self._rng = random.Random(self.seed)
@@ -85,9 +88,24 @@ class Simulation:
         return sorted(found, key=lambda i: i ^ lookup.target)[:count]
 
     def true_closest(self, target: int, count: int) -> list[int]:
-        """Brute force: the ids of the ``count`` live nodes closest to ``target``."""
-        return heapq.nsmallest(count, (n.contact.id for n in self.nodes if n.alive),
-                               key=lambda i: i ^ target)
+        """The ids of the ``count`` live nodes closest to ``target``, from all of them.
+
+        The ids sharing ``bits`` leading bits with ``target`` are one range of the
+        sorted ids, and each is closer than any id outside it: the answer lies in
+        the narrowest such range that holds ``count`` ids."""
+        if self._live_ids is None:
+            self._live_ids = sorted(n.contact.id for n in self.nodes if n.alive)
+        ids = self._live_ids
+        first, last = 0, len(ids)
+        for bits in range(1, ID_BITS + 1):
+            shift = ID_BITS - bits
+            low = (target >> shift) << shift
+            narrower = (bisect.bisect_left(ids, low, first, last),
+                        bisect.bisect_left(ids, low + (1 << shift), first, last))
+            if narrower[1] - narrower[0] < count:
+                break
+            first, last = narrower
+        return heapq.nsmallest(count, ids[first:last], key=lambda i: i ^ target)
 
     # -- membership ----------------------------------------------------------
 
@@ -98,6 +116,7 @@ class Simulation:
         node = SimNode(contact, RoutingTable(contact.id, k=self.k,
                                              sibling_size=self.sibling_size))
         self.nodes.append(node)
+        self._live_ids = None
         self._by_address[peer.address] = node
         return node
 
@@ -123,9 +142,10 @@ class Simulation:
         node.table.observe(seed.contact, self.now)
         seed.table.observe(node.contact, self.now)
 
-        def refresh(_: Lookup) -> None:
+        def refresh(own: Lookup) -> None:
             if not self.join_refresh or not node.alive:
                 return
+            node.table.joined(own.result(self.k), self.now)
             for index in node.table.stale_buckets(self.now, 3600.0):
                 self.start_lookup(node, node.table.refresh_target(index, self._rng))
 
@@ -134,6 +154,7 @@ class Simulation:
     def kill(self, node: SimNode) -> None:
         if node.alive:
             node.alive = False
+            self._live_ids = None
 
     def make_adversaries(self, fraction: float) -> list[SimNode]:
         """Turn a random ``fraction`` of the live nodes into colluding adversaries."""
