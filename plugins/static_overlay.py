@@ -9,7 +9,10 @@ again. The list is sent only where it can tell something: each hello and
 reply carries a digest of the sender's view (its live members and itself),
 and a node leaves its list out of a hello to a member whose last digest
 matches its own, and out of a reply to a hello whose digest matches, so a
-settled network's hellos cost the same whatever its size. A member that
+settled network's hellos cost the same whatever its size. One hello and its
+reply tell both sides that the other is up and what it knows, so a node
+skips its hello to a member whose own hello it answered since its last
+round: each pair greets about once per interval, not twice. A member that
 has been down for ``evict_after`` seconds leaves the replica sets
 (:meth:`StaticOverlay.closest`); until then it keeps its place, so that a
 partition or a restart shorter than ``evict_after`` does not move any chain
@@ -114,6 +117,11 @@ class _Member:
     down_since: float | None = None
     digest: bytes | None = None
     """The digest of the member's view it sent last."""
+    proven: bool = False
+    """The member answered a hello this node sent to its address."""
+    greeted_in: int = -1
+    """The round of this node in which it last answered a hello of the member (at
+    its known address)."""
 
 
 @attrs.define(eq=False)
@@ -131,6 +139,7 @@ class StaticOverlay:
     _candidates: dict[str, int] = attrs.field(factory=dict, init=False)
     _dirty: bool = attrs.field(default=False, init=False)
     _view: tuple[list[list[Any]], bytes] | None = attrs.field(default=None, init=False)
+    _rounds: int = attrs.field(default=0, init=False)
     _rng: random.Random = attrs.field(init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
@@ -249,7 +258,7 @@ class StaticOverlay:
             if proven and member.peer.address == peer.address and key != peer.public_key:
                 self._mark_down(member)
         if known is None:
-            self._members[peer.public_key] = _Member(peer, peer.node_id)
+            self._members[peer.public_key] = _Member(peer, peer.node_id, proven=proven)
             self._dirty = True
             self._view = None
             self.node.plugins.hook.ketten_peer_joined(node=self.node, peer=peer)
@@ -261,6 +270,7 @@ class StaticOverlay:
             self._view = None
         known.peer = peer
         known.down_since = None
+        known.proven = known.proven or proven
 
     def _mark_down(self, member: _Member) -> None:
         """A live member's address went silent, or answers with another key."""
@@ -338,6 +348,7 @@ class StaticOverlay:
         member = self._members.get(peer.public_key)
         if member is not None and member.peer.address == peer.address:
             member.digest = theirs
+            member.greeted_in = self._rounds
         return self._body(self._with_list({"r": self.node.config.replication}, theirs))
 
     def _body(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -380,10 +391,15 @@ class StaticOverlay:
             answered.digest = theirs
 
     async def _round(self) -> None:
+        # A member whose hello this node answered since its last round began is up and
+        # has heard this node's view in the reply: it needs no hello this round (unless
+        # its address was only claimed: a hello to it proves it).
         targets: list[tuple[str, _Member | None]] = [
             (m.peer.address, m) for m in self._members.values()
+            if m.down_since is not None or not m.proven or m.greeted_in != self._rounds
         ]
-        addresses = {address for address, _ in targets}
+        self._rounds += 1
+        addresses = {m.peer.address for m in self._members.values()}
         targets += [(a, None) for a in list(self._candidates) if a not in addresses]
         async with trio.open_nursery() as nursery:
             for address, member in targets:
