@@ -225,6 +225,7 @@ class Feeds:
     _notified: dict[bytes, int] = attrs.field(factory=dict, init=False)
     _dirty: bool = attrs.field(default=False, init=False)
     _write_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    _leased: trio.Event = attrs.field(factory=trio.Event, init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
     @staticmethod
@@ -365,6 +366,7 @@ class Feeds:
             change = self._table.put(key, lease, now)
             if change is not None:
                 self._dirty = True
+                self._leased.set()
                 urgent = urgent or change == "new"
         if urgent:
             await self._flush()
@@ -426,9 +428,17 @@ class Feeds:
             nursery.start_soon(self._notifier)
             task_status.started()
             while True:
+                await self._until_leased()
                 await trio.sleep(self.interval * (0.5 + self.rng.random()))
                 with trio.move_on_after(self.interval * 10):
                     await guarded(self.maintain)
+
+    async def _until_leased(self) -> None:
+        """A node that holds no lease has none to expire, store or spread: its rounds
+        wait for the first one."""
+        while not len(self._table) and not self._dirty:
+            await self._leased.wait()
+            self._leased = trio.Event()
 
     async def maintain(self) -> None:
         """One round: forget expired leases, persist changes, push lists to co-brokers."""

@@ -82,6 +82,9 @@ class ReplicaSets:
     _desired: OrderedDict[bytes, tuple[int, _Desired]] = attrs.field(factory=OrderedDict,
                                                                        init=False)
     _handover: HandoverState[Member] = attrs.field(factory=HandoverState, init=False)
+    # The nodes nearest to this one at a routing-table version: rounds reuse them.
+    _near_self: tuple[int, list[tuple[bytes, Member]]] | None = attrs.field(
+        default=None, init=False)
     """Who handed this node the chains near it, whom to ask next (see :meth:`settle`)."""
     _want: trio.Event = attrs.field(factory=trio.Event, init=False)
     _hedge: Hedge = attrs.field(init=False)
@@ -210,15 +213,26 @@ class ReplicaSets:
     async def _settle_round(self) -> None:
         assert self.overlay is not None
         self._want = trio.Event()  # first: a round that fails must not leave it set
-        own = self.own()
-        near = [(m.key, m) for m in map(member_of, self.overlay.nearest(
-            own.node_id, 2 * self.replication + 1)) if m.key != own.key]
-        asks = self._handover.round(near)
+        asks = self._handover.round(self._nearest_to_self())
         if not asks:
             return
         async with trio.open_nursery() as nursery:
             for key, member in asks:
                 nursery.start_soon(self._take_handover, key, member)
+
+    def _nearest_to_self(self) -> list[tuple[bytes, Member]]:
+        """The ``2r`` nodes nearest to this one (keyed), worked out again only when
+        the overlay's routing table changed."""
+        assert self.overlay is not None
+        version = self.routing_version()
+        if version is not None and self._near_self is not None and self._near_self[0] == version:
+            return self._near_self[1]
+        own = self.own()
+        near = [(m.key, m) for m in map(member_of, self.overlay.nearest(
+            own.node_id, 2 * self.replication + 1)) if m.key != own.key]
+        if version is not None:
+            self._near_self = version, near
+        return near
 
     async def _take_handover(self, key: bytes, member: Member) -> None:
         after: bytes | None = b""
