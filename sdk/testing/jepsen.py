@@ -19,6 +19,7 @@ from typing import NoReturn
 
 import attrs
 
+from .._process import tune_gc
 from ._jepsen import CheckResult, FaultRecord, History, Op, Snapshot, check
 from ._sim import FAMILIES, SimConfig, SimResult, run_simulation
 
@@ -173,4 +174,5 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m ketten.tes
 
 
 if __name__ == "__main__":
+    tune_gc()  # the collector of a node process: the simulated nodes live here
     sys.exit(main())
