@@ -22,9 +22,9 @@ def sim(args: tuple[str, ...]) -> int:
         result = gosskip.main(list(args[1:]), prog_name="ketten sim gosskip",
                               standalone_mode=False)
         return result if isinstance(result, int) else 0
-    from ._process import tune_gc
     from .testing.jepsen import main as simulate
+    from .testing.jepsen import tune_collector
 
-    tune_gc()  # the collector of a node process: the simulated nodes live here
+    tune_collector()
     with progress_bar("simulating") as bar:
         return simulate(list(args), prog="ketten sim", on_run=bar.update)

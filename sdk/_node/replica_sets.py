@@ -82,10 +82,10 @@ class ReplicaSets:
     _desired: OrderedDict[bytes, tuple[int, _Desired]] = attrs.field(factory=OrderedDict,
                                                                        init=False)
     _handover: HandoverState[Member] = attrs.field(factory=HandoverState, init=False)
-    # The nodes nearest to this one at a routing-table version: rounds reuse them.
+    """Who handed this node the chains near it, whom to ask next (see :meth:`settle`)."""
     _near_self: tuple[int, list[tuple[bytes, Member]]] | None = attrs.field(
         default=None, init=False)
-    """Who handed this node the chains near it, whom to ask next (see :meth:`settle`)."""
+    """The nodes nearest to this one, and the routing-table version they were read at."""
     _want: trio.Event = attrs.field(factory=trio.Event, init=False)
     _hedge: Hedge = attrs.field(init=False)
     _claims: AddressClaims = attrs.field(

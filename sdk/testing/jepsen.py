@@ -35,6 +35,7 @@ __all__ = [
     "main",
     "parse_seeds",
     "run_simulation",
+    "tune_collector",
 ]
 
 OVERLAYS = ("static", "kademlia", "gosskip", "ipfs")
@@ -173,6 +174,19 @@ def main(argv: Sequence[str] | None = None, *, prog: str = "python -m ketten.tes
     return 0
 
 
+def tune_collector() -> None:
+    """Give this process the collector settings of a node process
+    (:func:`ketten.tune_gc`): the simulated nodes live here. Hypothesis, which
+    makes trio's scheduling deterministic, is imported first: importing it
+    registers trio's random generator, and the registration looks for the
+    generator's referrers, which the collector no longer lists once frozen."""
+    try:
+        import hypothesis  # noqa: F401
+    except ImportError:
+        pass  # run_simulation says what is missing
+    tune_gc()
+
+
 if __name__ == "__main__":
-    tune_gc()  # the collector of a node process: the simulated nodes live here
+    tune_collector()
     sys.exit(main())
