@@ -152,6 +152,9 @@ async def publish_load(nodes: list[ketten.Node], criteria: int, sequential: int,
         for _ in range(in_flight):
             nursery.start_soon(one)
     flight_time = time.perf_counter() - started
+    if failures:
+        print("  publishes that failed, by error:",
+              ", ".join(f"{n} {kind}" for kind, n in sorted(failures.items())))
     read = 0
     by_name: dict[str, set[bytes]] = {}
     for name, event in acked:

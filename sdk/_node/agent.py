@@ -19,6 +19,7 @@ import trio
 
 from .._core.identity import Identity
 from ..errors import DecodeError, StoreError, UsageError
+from .publisher import PUBLISH_DEADLINE
 
 if TYPE_CHECKING:
     from .._core.event import Event
@@ -142,7 +143,7 @@ class Agent:
         *,
         command: int | None = None,
         on_conflict: ConflictHandler | None = None,
-        deadline: float = 10.0,
+        deadline: float = PUBLISH_DEADLINE,
     ) -> Event:
         """Publish ``payload`` as a command of this agent; see :meth:`ketten.Node.publish`.
 

@@ -51,7 +51,7 @@ from .feeds import (
 )
 from .local_chains import LocalChains
 from .plugins import check_selected, make_plugin, plugin_manager
-from .publisher import ConflictHandler, Publisher
+from .publisher import PUBLISH_DEADLINE, ConflictHandler, Publisher
 from .reader import Reader
 from .replica_sets import Creation, ReplicaSets
 from .replicator import ReplicationOptions, ReplicationStatistics, Replicator
@@ -371,7 +371,7 @@ class Node:
         *,
         command: int | None = None,
         on_conflict: ConflictHandler | None = None,
-        deadline: float = 10.0,
+        deadline: float = PUBLISH_DEADLINE,
         writers: Sequence[bytes] | None = None,
         author: Identity | None = None,
     ) -> Event:
@@ -385,7 +385,7 @@ class Node:
         is called (sync or async; it returns the payload to retry with,
         ``None`` for the same one, or raises to give up) and the event is
         rebuilt on the new head; retries back off with jitter until
-        ``deadline`` seconds have passed. A node works on at most
+        ``deadline`` seconds (default 30) have passed. A node works on at most
         ``max_publishing`` (a replication option, 16) publish calls at once;
         later calls wait their turn in call order, and their ``deadline`` starts
         when it comes: an overloaded node slows its publishers down rather than

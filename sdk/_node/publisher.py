@@ -42,7 +42,7 @@ from .coalesce import Coalescer
 from .replica_sets import Creation, ReplicaSets
 from .rpc import Rpc
 
-__all__ = ["ConflictHandler", "Publisher"]
+__all__ = ["PUBLISH_DEADLINE", "ConflictHandler", "Publisher"]
 
 ConflictHandler = Callable[[Event | None], "bytes | Awaitable[bytes | None] | None"]
 """Called with the new head after the chain moved on; returns the payload to retry
@@ -53,6 +53,13 @@ _INVALID: dict[str, type[InvalidEvent]] = {
     InvalidSignature.reason: InvalidSignature,
     WriterNotAllowed.reason: WriterNotAllowed,
 }
+PUBLISH_DEADLINE = 30.0
+"""Seconds a publish call retries by default once its turn came. Under overload
+an attempt waits on busy brokers, and contenders for one chain take turns (one
+append per round trip): a short default turned overload into failures (50 nodes
+in one process, 1,000 publishes in flight: 1-4 failed within 10 s, none within
+30 s). Pulsar's producers wait 30 s by default, Kafka's 120 s."""
+
 _MAX_KNOWN = 1 << 16
 _MAX_BUILT = 4096
 _BATCH_BYTES = 1 << 20
