@@ -437,6 +437,29 @@ def test_a_follower_in_a_new_term_is_cut_back_to_the_leaders_start() -> None:
     assert refused.truncate_from is None
 
 
+def test_a_leader_whose_chain_began_in_its_term_keeps_what_a_follower_knows_committed() -> None:
+    # The leader was elected on an empty chain (start None) and has since committed
+    # events; a former member holding them (and some tentative ones) joins again.
+    first, events, _, hashes = follower_in_line(5)
+    former = Replica(KEY, KEYS[1], ChainState(term=1, configs=(first,),
+                                              commit=(2, events[2].hash)), (4, events[4].hash))
+    outcome = former.on_append(KEYS[0], 2, None, None, [], None, (first,), 0.0, hashes)
+    assert outcome.ack.status is AckStatus.OK
+    assert outcome.truncate_from == 3
+    assert former.head == (2, events[2].hash) and former.state.log_term == 2
+    # Holding exactly its commit mark, nothing is cut.
+    exact = Replica(KEY, KEYS[1], ChainState(term=1, configs=(first,),
+                                             commit=(4, events[4].hash)), (4, events[4].hash))
+    kept = exact.on_append(KEYS[0], 2, None, None, [], None, (first,), 0.0, hashes)
+    assert kept.ack.status is AckStatus.OK and kept.truncate_from is None
+    assert exact.head == (4, events[4].hash)
+    # Without a commit mark everything is tentative and goes.
+    bare = Replica(KEY, KEYS[1], ChainState(term=1, configs=(first,)), (4, events[4].hash))
+    cleared = bare.on_append(KEYS[0], 2, None, None, [], None, (first,), 0.0, hashes)
+    assert cleared.ack.status is AckStatus.OK and cleared.truncate_from == 0
+    assert bare.head is None
+
+
 def test_a_commit_mark_alone_waits_for_the_flush_a_configuration_does_not() -> None:
     first, events, follower, hashes = follower_in_line(3)
     follower.head = (1, events[1].hash)  # seq 2 is yet to come

@@ -371,10 +371,19 @@ class Replica:
             # Do we now hold the leader's start? Then everything after it is stale.
             reached = False
             if start is None:
+                # The leader's chain began in its own term: all of ours is stale
+                # except what we know committed (the leader holds that).
                 reached = True
                 if head is not None and cut is None and not fresh:
-                    cut = 0
-                    new_head = None
+                    marked = self.state.commit
+                    if (marked is not None and marked[0] <= head_seq
+                            and hashes.get(marked[0]) == marked[1]):
+                        if head_seq > marked[0]:
+                            cut = marked[0] + 1
+                        new_head = marked
+                    else:
+                        cut = 0
+                        new_head = None
             else:
                 held = None
                 for event in fresh:
