@@ -52,7 +52,7 @@ class TransportStatistics:
     bytes_received: int
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class MemoryNetwork:
     """A simulated network shared by the endpoints of one simulation.
 
@@ -67,6 +67,9 @@ class MemoryNetwork:
     _next_address: int = attrs.field(default=0, init=False)
     _run: object = attrs.field(default=None, init=False)
     """The trio run its endpoints serve in: messages are carried by that run's tasks."""
+
+    def __repr__(self) -> str:
+        return f"<MemoryNetwork seed={self.seed} endpoints={len(self._endpoints)}>"
 
     def __attrs_post_init__(self) -> None:
         self._model = NetworkModel(self.faults, self.seed)
@@ -140,7 +143,7 @@ class MemoryNetwork:
             dst._at(arrival, dst._reply_arrives, src.peer, req_id, outcome)
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class MemoryTransport:
     """One endpoint of a :class:`MemoryNetwork` (a :class:`~ketten.interfaces.Transport`)."""
 
@@ -164,6 +167,9 @@ class MemoryTransport:
     def __attrs_post_init__(self) -> None:
         self._peer = Peer(self._address, self._identity.public_key)
         self._counts = dict.fromkeys(attrs.fields_dict(TransportStatistics), 0)
+
+    def __repr__(self) -> str:
+        return f"<MemoryTransport {self._address}>"
 
     @property
     def address(self) -> str:

@@ -220,3 +220,17 @@ async def test_a_node_alone_serves_its_chains_after_a_restart(tmp_path: Path, st
             assert [e.hash for e in await node.read("kept")] == [first.hash]
             second = await node.publish("kept", b"two")
         assert second.seq == 1 and second.prev == first.hash
+
+
+async def test_a_node_prints_short(autojump_clock) -> None:
+    """A failing assertion about a node prints it: every part it holds and every node on
+    the network it reaches must not go into that line (with a thousand nodes pytest
+    would spend minutes on it)."""
+    from ketten.testing import open_cluster
+
+    async with open_cluster(3, overlay="static", seed=1, settle=2.0) as cluster:
+        node = cluster[0]
+        assert repr(node) == f"<Node {node.identity.node_id.hex()[:12]} at {node.address}>"
+        for part in (node._replicator, node._rpc, node._sets, node._feeds, node._chains,
+                     node._broker, node._publisher, node.transport):
+            assert len(repr(part)) < 200, type(part).__name__

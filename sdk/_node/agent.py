@@ -60,7 +60,7 @@ def _write_counter_file(path: Path, value: int) -> None:
         os.close(dir_fd)
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class Agent:
     """An author of commands: an identity plus a persisted, growing counter.
 

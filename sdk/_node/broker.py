@@ -69,7 +69,7 @@ def _over_quota(limit: RateLimit, author: bytes, cost: float, what: str) -> Offe
         f"author {author.hex()[:16]} {said}; wait {limit.wait(author, now, cost):.1f} s"))
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class Broker:
     """The broker side of publish and read."""
 

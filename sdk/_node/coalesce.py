@@ -33,7 +33,7 @@ class _Slot(Generic[Item, Answer]):
     answer: Answer | None = None
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class Coalescer(Generic[Dest, Item, Answer]):
     """Batches items per destination; ``send(dest, items)`` returns one answer per item
     (``None``: none came) and must not raise."""

@@ -43,7 +43,7 @@ class CopyStatistics:
     pinned: int
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class Copies:
     """Keeps this node's reader copies within their budget."""
 

@@ -189,7 +189,7 @@ class _Note:
     """The report round the commit was asked for in (0: a notification)."""
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class Feeds:
     """The broker side (subscriber lists, notifications) and the dispatch to local feeds."""
 
@@ -508,7 +508,7 @@ class Feeds:
                         nursery.start_soon(send, lease, body)
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class Feed:
     """One subscription's receiving end: notes in, verified committed events out."""
 
@@ -879,7 +879,7 @@ class Feed:
             self._counts["peak_buffered"] = len(self._ready)
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class Subscription:
     """A push subscription; iterate it inside ``async with node.subscribe(...)``.
 
@@ -973,7 +973,7 @@ async def open_subscription(
             await feed.renew(live=False)
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class DurableSubscription:
     """A durable subscription: every event of its criteria, once acknowledged, never again.
 

@@ -61,7 +61,7 @@ class _Slot:
     lead: bool = False
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class GroupCommit:
     """Runs of events that arrive while the store is writing share its next transaction.
 
@@ -197,7 +197,7 @@ class LocalStatistics:
     """Events received again whose signature had verified here lately (not checked twice)."""
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class LocalChains:
     """The chains of one node's store, with the rules every change goes through."""
 

@@ -86,7 +86,7 @@ class _NoTransport:
         raise PeerUnreachable("the node is not serving yet")
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class Node:
     """A ketten node. Build one with :func:`open_node`; it is only usable inside it."""
 
@@ -179,6 +179,10 @@ class Node:
         chains.on_dropped(self._dropped)
 
     # -- the plugin-facing side (ketten.interfaces.NodeContext) ---------------
+
+    def __repr__(self) -> str:
+        where = self._address if self._address is not None else "not serving"
+        return f"<Node {self.identity.node_id.hex()[:12]} at {where}>"
 
     @property
     def address(self) -> str:

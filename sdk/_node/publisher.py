@@ -107,7 +107,7 @@ def _take_route(attempt: PublishAttempt, found: Route | Creation | None, now: fl
         attempt.routed(found, now)
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class Publisher:
     """Publishes events through the leaders of their chains."""
 

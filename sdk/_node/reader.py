@@ -31,7 +31,7 @@ from .rpc import Rpc
 __all__ = ["Reader"]
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class Reader:
     """Reads committed events, from any node."""
 

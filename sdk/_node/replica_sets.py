@@ -47,7 +47,7 @@ def member_of(peer: Peer) -> Member:
     return Member(peer.public_key, peer.address)
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class ReplicaSets:
     """Routes to chains, cached; lookups on a miss; the overlay's view for moves."""
 

@@ -273,7 +273,7 @@ class ReplicationStatistics:
     ``ketten._core.claims``)."""
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class Replicator:
     """The replicas of the chains this node holds, and the tasks that keep them."""
 

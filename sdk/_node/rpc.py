@@ -80,7 +80,7 @@ async def guarded(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
 def _never(peer: Peer) -> bool:
     return False
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, repr=False)
 class Rpc:
     """Request/response for the node's parts, and the transport's frame handler."""
 
