@@ -140,6 +140,11 @@ class StaticOverlay:
     _dirty: bool = attrs.field(default=False, init=False)
     _view: tuple[list[list[Any]], bytes] | None = attrs.field(default=None, init=False)
     _rounds: int = attrs.field(default=0, init=False)
+    _version: int = attrs.field(default=0, init=False)
+    _evicted: frozenset[bytes] = attrs.field(default=frozenset(), init=False)
+    """Members :attr:`version` last saw evicted."""
+    _evicts_at: float | None = attrs.field(default=None, init=False)
+    """When the next down member may cross ``evict_after`` (``None``: none is down)."""
     _rng: random.Random = attrs.field(init=False)
     _counts: dict[str, int] = attrs.field(init=False)
 
@@ -184,6 +189,34 @@ class StaticOverlay:
             ranked.append((distance, member.peer))
         ranked.sort(key=lambda item: item[0])
         return [peer for _, peer in ranked[:count]]
+
+    @property
+    def version(self) -> int:
+        """Changes whenever :meth:`nearest` may answer differently (callers cache by it):
+        a member came, moved, or was evicted or came back after eviction."""
+        if self._evicts_at is not None and trio.current_time() >= self._evicts_at:
+            self._count_evictions()
+        return self._version
+
+    def _count_evictions(self) -> None:
+        now = trio.current_time()
+        evicted: set[bytes] = set()
+        pending: list[float] = []
+        for key, member in self._members.items():
+            if member.down_since is None:
+                continue
+            if now - member.down_since >= self.evict_after:
+                evicted.add(key)
+            else:
+                pending.append(member.down_since + self.evict_after)
+        if evicted != self._evicted:
+            self._evicted = frozenset(evicted)
+            self._version += 1
+        self._evicts_at = min(pending) if pending else None
+
+    def _changed(self) -> None:
+        self._version += 1
+        self._view = None
 
     def address_of(self, public_key: bytes) -> str | None:
         """Where the member with this key was last reached, if it is known."""
@@ -260,14 +293,17 @@ class StaticOverlay:
         if known is None:
             self._members[peer.public_key] = _Member(peer, peer.node_id, proven=proven)
             self._dirty = True
-            self._view = None
+            self._changed()
             self.node.plugins.hook.ketten_peer_joined(node=self.node, peer=peer)
             return
         if known.peer != peer:
             self._dirty = True
-            self._view = None
+            self._changed()
         if known.down_since is not None:
             self._view = None
+            if peer.public_key in self._evicted:
+                self._evicted = self._evicted - {peer.public_key}
+                self._version += 1
         known.peer = peer
         known.down_since = None
         known.proven = known.proven or proven
@@ -277,6 +313,9 @@ class StaticOverlay:
         if member.down_since is None:
             member.down_since = trio.current_time()
             self._view = None
+            evicts_at = member.down_since + self.evict_after
+            if self._evicts_at is None or evicts_at < self._evicts_at:
+                self._evicts_at = evicts_at
 
     async def _recall(self) -> None:
         """Reload the members known before a restart: a node that comes back
@@ -297,7 +336,7 @@ class StaticOverlay:
                     self._members.setdefault(peer.public_key, _Member(peer, peer.node_id))
         except DecodeError:
             self._members.clear()
-        self._view = None
+        self._changed()
 
     async def _remember(self) -> None:
         if not self._dirty:

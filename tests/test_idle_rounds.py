@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import trio
 
 from ketten import criterion_key
@@ -15,8 +16,9 @@ def totals(cluster, field: str) -> int:
     return sum(getattr(cluster[i].replication_statistics(), field) for i in range(len(cluster)))
 
 
-async def test_an_idle_cluster_digests_per_peer_and_rarely(autojump_clock) -> None:
-    async with open_cluster(8, overlay="kademlia", seed=6, settle=5.0) as cluster:
+@pytest.mark.parametrize("overlay", ["kademlia", "static"])
+async def test_an_idle_cluster_digests_per_peer_and_rarely(autojump_clock, overlay: str) -> None:
+    async with open_cluster(8, overlay=overlay, seed=6, settle=5.0) as cluster:
         for n in range(60):
             await cluster[n % 8].publish(f"idle-{n}", b"x")
         await trio.sleep(30.0)  # commit marks told, moves settled
@@ -29,7 +31,7 @@ async def test_an_idle_cluster_digests_per_peer_and_rarely(autojump_clock) -> No
         peers = sum(len(cluster[i]._replicator._shared()) for i in range(8))
         # Without changes, rounds look at every chain only as a safety net, and each peer
         # hears at most every 16th round once its digests kept matching.
-        assert full <= rounds / 8 + 8, (full, rounds)
+        assert full <= rounds / 32 + 8, (full, rounds)
         assert digests <= peers * (rounds / 8 / 16 + 6), (digests, peers, rounds)
         # Nothing was lost by slowing down: news travels at once again.
         event = await cluster[1].publish("idle-5", b"after")
@@ -107,6 +109,6 @@ async def test_a_restarted_node_reads_no_chain_state_again_in_its_rounds(
         held = node.replication_statistics().chains_held
         assert held >= 20
         rounds = node.replication_statistics().full_rounds
-        await trio.sleep(60.0)
+        await trio.sleep(400.0)  # a full round (every chain) every 64th round, ~2 minutes
         assert node.replication_statistics().full_rounds - rounds >= 3
         assert reads.count(id(node._chains)) == 0

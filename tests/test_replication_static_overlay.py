@@ -112,15 +112,23 @@ async def test_a_silent_member_is_down_then_evicted_then_back(plugins, autojump_
         await trio.sleep(2.0)
         watcher = overlay_of(nodes[0])
         everyone = await watcher.closest(b"\0" * 32, 3)
+        settled = watcher.version
         net.cut(["s:2"])
         await trio.sleep(2.0)
         assert watcher.statistics().live == 1
         assert await watcher.closest(b"\0" * 32, 3) == everyone  # still in replica sets
+        # Down but not evicted: replica sets are the same, and so is the version.
+        assert watcher.version == settled
         await trio.sleep(5.0)
         assert len(await watcher.closest(b"\0" * 32, 3)) == 2  # evicted
+        evicted = watcher.version
+        assert evicted > settled
+        await trio.sleep(5.0)
+        assert watcher.version == evicted
         net.heal()
         await trio.sleep(2.0)
         assert await watcher.closest(b"\0" * 32, 3) == everyone
+        assert watcher.version > evicted
         nursery.cancel_scope.cancel()
 
 
