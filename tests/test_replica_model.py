@@ -567,6 +567,32 @@ def test_a_follower_grants_its_own_leader_a_later_term_at_once() -> None:
     assert not other.on_vote(KEYS[0], 4, False, (3, 4, 1), 100.0).granted
 
 
+def test_a_late_vote_request_of_its_own_term_leaves_a_leader_leading() -> None:
+    # Two brokers stood for term 4 at once; the winner gets the loser's request late
+    # (the network reordered it). It voted for itself in term 4 and keeps leading:
+    # stepping down would leave term 4 without a leader while its followers, having
+    # heard from it, take it for an idle leader and never stand.
+    first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
+    leader = Replica(KEY, KEYS[0], ChainState(term=3, log_term=3, configs=(first,)),
+                     (5, b"h" * 32))
+    assert leader.begin_election(pre=False) == (4, [m for m in MEMBERS[:3] if m.key != KEYS[0]])
+    leader.on_vote_answer(KEYS[1], True, 4, asked=4, pre=False)
+    assert leader.elected()
+    leader.become_leader(100.0)
+    late = leader.on_vote(KEYS[2], 4, False, (3, 5, 1), 100.5)
+    assert not late.granted and late.term == 4 and late.state is None
+    assert leader.is_leader and leader.leader == KEYS[0]
+    # A candidate asked by its rival in the same term stays a candidate.
+    rival = Replica(KEY, KEYS[2], ChainState(term=3, log_term=3, configs=(first,)),
+                    (5, b"h" * 32))
+    rival.begin_election(pre=False)
+    assert not rival.on_vote(KEYS[0], 4, False, (3, 5, 1), 100.5).granted
+    assert rival.role is Role.CANDIDATE and rival.voting
+    # A newer term still deposes the leader.
+    newer = leader.on_vote(KEYS[1], 5, False, (4, 5, 1), 101.0)
+    assert newer.granted and not leader.is_leader and leader.state.term == 5
+
+
 def test_a_creation_of_a_known_chain_and_a_rival_chain_get_no_vote() -> None:
     proposed = ChainConfig(1, MEMBERS[:3], (), -1, 0)
     fresh = Replica(KEY, KEYS[2], ChainState(), None)

@@ -563,7 +563,11 @@ class Replica:
             return VoteAnswer(False, st.term)
         if term > st.term and not idle and self.role is not Role.LEADER:
             return VoteAnswer(False, st.term)
-        persist = self._step_down(term)
+        # Only a newer term deposes: a leader (or candidate) asked for a vote in its
+        # own term, by a rival candidate's request that arrived late, voted for
+        # itself and keeps its role (stepping down would leave the term leaderless,
+        # every follower still trusting an idle leader that no longer leads).
+        persist = self._step_down(term) if term > st.term else None
         if st.config is None and proposed is not None and proposed.is_voter(self.own):
             persist = self._evolve(configs=(proposed,))
         if self.state.voted_for in (None, sender) and up_to_date:
