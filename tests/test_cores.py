@@ -264,6 +264,32 @@ def test_a_redirect_follows_the_route_and_a_creation_goes_to_the_first_member() 
     assert action.item is not None and action.item.create is None
 
 
+def test_a_broker_that_names_itself_leader_yet_redirects_is_urged() -> None:
+    # It does not lead (it stepped down, or lost its leadership to a restart) while its
+    # followers still take it for an idle leader: asking it again unurged would go
+    # round until the deadline.
+    attempt = PublishAttempt(KEY, 5.0, random.Random(7))
+    attempt.routed(route(leader=KEYS[1]), 0.0)
+    attempt.built(chain(b"a")[0])
+    first = attempt.next(0.0)
+    assert first.target is not None and first.target.key == KEYS[1]
+    assert first.item is not None and not first.item.urge
+    attempt.answered(first.target, OfferAnswer(Answer.REDIRECT, route=route(leader=KEYS[1])),
+                     None, 0.1)
+    action = attempt.next(0.1)
+    while action.step is Step.WAIT:
+        action = attempt.next(action.until)
+    assert action.step is Step.SEND and action.item is not None and action.item.urge
+    # A redirect to another broker is followed unurged, as before.
+    attempt.answered(action.target, OfferAnswer(Answer.REDIRECT, route=route(leader=KEYS[2])),
+                     None, 0.2)
+    action = attempt.next(0.2)
+    while action.step is Step.WAIT:
+        action = attempt.next(action.until)
+    assert action.target is not None and action.target.key == KEYS[2]
+    assert action.item is not None and not action.item.urge
+
+
 # -- a read's search for the leader -------------------------------------------------
 
 

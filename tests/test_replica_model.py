@@ -742,3 +742,17 @@ def test_a_voter_of_an_older_configuration_held_here_still_gets_a_vote() -> None
     assert voter.on_vote(s_key, 3, True, (2, 9, 1), 100.0, proposed=c1).granted
     answer = voter.on_vote(s_key, 3, False, (2, 9, 1), 100.0, proposed=c1)
     assert answer.granted and voter.state.term == 3
+
+
+def test_a_caller_is_sent_to_a_live_leader_and_never_back_to_the_broker_it_asked() -> None:
+    first = ChainConfig(1, MEMBERS[:3], (), -1, 0)
+    follower = Replica(KEY, KEYS[1], ChainState(term=3, log_term=3, configs=(first,)), None)
+    assert not follower.defers_to_leader(0.0, urge=False)  # no leader known: stand
+    follower.leader, follower.heard = KEYS[0], 10.0
+    assert follower.defers_to_leader(11.0, urge=False)
+    assert follower.defers_to_leader(11.0, urge=True)  # heard from it just now
+    assert not follower.defers_to_leader(100.0, urge=True)  # silent, and urged
+    assert follower.defers_to_leader(100.0, urge=False)  # silent is not dead
+    # A follower that names itself leader does not lead: it must not redirect to itself.
+    follower.leader = KEYS[1]
+    assert not follower.defers_to_leader(11.0, urge=False)

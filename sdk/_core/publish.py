@@ -271,7 +271,8 @@ class PublishAttempt:
             self.create = None
             leader = answer.route.leader
             self._target = None
-            self._urge = leader is None or leader in self._failed
+            # A broker that names itself leader yet redirects does not lead: urge one.
+            self._urge = leader is None or leader in self._failed or leader == target.key
             if (self.base is None and answer.route.commit is not None and self.event is None
                     and self.route_base):
                 self.base = answer.route.commit

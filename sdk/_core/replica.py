@@ -236,6 +236,15 @@ class Replica:
             return True
         return self.leader is not None and now - self.heard < self.election_timeout
 
+    def defers_to_leader(self, now: float, *, urge: bool) -> bool:
+        """Should a caller (``urge``: one that says the leader does not answer) be sent
+        to the leader this follower knows rather than make it stand? An idle leader
+        is not a dead one: yes, unless urged, and even then if we heard from it just
+        now. Never when the leader named is this broker itself (it does not lead now)."""
+        if self.leader is None or self.leader == self.own:
+            return False
+        return not urge or self.leader_active(now)
+
     def _evolve(self, **changes: object) -> ChainState:
         self.state = attrs.evolve(self.state, **changes)  # type: ignore[arg-type]
         return self.state

@@ -1306,9 +1306,7 @@ class Replicator:
                       *(self._genesis.get(criterion) or (None, None)))
         if not replica.is_voter():
             return route
-        # An idle leader is not a dead one: send the caller there unless it says the
-        # leader does not answer, and even then not if we heard from it just now.
-        if replica.leader is not None and (not urge or replica.leader_active(self._now())):
+        if replica.defers_to_leader(self._now(), urge=urge):
             return route
         if await self.campaign(criterion):
             return self._replicas.get(criterion)
