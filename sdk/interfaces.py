@@ -337,7 +337,14 @@ class Overlay(Protocol):
     (links up to ``head``, signatures, writer policy) before it keeps it; on
     any :class:`~ketten.errors.KettenError` it asks the brokers. It does so
     when it lacks more than ``overlay.fetch_above`` events (an integer
-    attribute, default 256); shorter tails come from a broker."""
+    attribute, default 256); shorter tails come from a broker.
+
+    An overlay may have an integer property ``version`` that changes whenever
+    :meth:`nearest` may answer differently (a node came, moved, left or was
+    dropped). The node then caches replica sets by it, and its background
+    rounds skip chains whose replica set cannot have changed; without one,
+    every round looks at every chain, so an idle node's work grows with the
+    chains it holds. :func:`ketten.testing.check_overlay` checks the promise."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Join the network, call ``task_status.started()``, then maintain it until cancelled."""

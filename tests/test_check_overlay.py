@@ -73,6 +73,36 @@ async def test_the_suite_rejects_wrong_order_and_departed_nodes(
         await check_overlay(never_evicts, nodes=10, settle=20.0, liveness=30.0, plugins=plugins)
 
 
+class FrozenVersion:
+    """A plugin whose overlay keeps one version whatever its answers: the node would
+    cache stale replica sets by it, and the suite must reject it."""
+
+    @ketten.hookimpl
+    def ketten_make_overlay(self, name: str, options: Mapping[str, Any],
+                            node: ketten.Node) -> Any:
+        if name != "frozen-version":
+            return None
+        inner = StaticOverlay(node, list(options["seeds"]), interval=5.0, evict_after=15.0)
+
+        class Overlay:
+            run = inner.run
+            statistics = inner.statistics
+            closest = inner.closest
+            nearest = inner.nearest
+            version = 7
+
+        return Overlay()
+
+
+async def test_the_suite_rejects_a_version_that_misses_changes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    plugins = ketten.plugin_manager(extra=(FrozenVersion(),))
+    with pytest.raises(AssertionError, match=r"\[version\].*kept version 7"):
+        await check_overlay(lambda i, seeds: ("frozen-version", {"seeds": list(seeds[:3])}),
+                            nodes=10, settle=20.0, liveness=30.0, plugins=plugins)
+
+
 def test_the_suite_needs_virtual_time() -> None:
     with pytest.raises(ketten.UsageError, match="virtual time"):
         trio.run(check_overlay, kademlia)

@@ -349,6 +349,9 @@ async def check_overlay(
       that names every other node by a forged key, never make a node return
       anything but the authenticated identity of a live node (its address
       with the key that proved itself there).
+    * an overlay with a ``version`` property changes it whenever
+      ``nearest`` answers differently (sampled every few seconds on every
+      node throughout).
 
     ``plugins`` is the plugin manager the nodes use (default: the installed
     plugins); pass ``ketten.plugin_manager(extra=(your_plugin,))`` for a
@@ -378,6 +381,8 @@ async def check_overlay(
         if distance is not None:
             h.distance = distance
         pm.register(h)
+        versions: list[AssertionError] = []
+        nursery.start_soon(_watch_versions, h, random.Random(seed + 1), versions)
         try:
             await _run_suite(h, rng, nodes, settle, liveness, lookups, timeout)
         except AssertionError as exc:
@@ -385,8 +390,42 @@ async def check_overlay(
         finally:
             pm.unregister(h)
             nursery.cancel_scope.cancel()
+    if failure is None and versions:
+        failure = versions[0]
     if failure is not None:
         raise failure
+
+
+_VERSION_SAMPLE = 2.0
+_VERSION_KEYS = 4
+
+
+async def _watch_versions(h: _Harness, rng: random.Random,
+                          failures: list[AssertionError]) -> None:
+    """Sample every node's ``version`` and ``nearest`` answers now and then: the
+    answers may differ between two samples only if the version does."""
+    keys = [rng.randbytes(32) for _ in range(_VERSION_KEYS)]
+    seen: dict[tuple[str, bytes], tuple[int, list[list[Peer]]]] = {}
+    while not failures:
+        await trio.sleep(_VERSION_SAMPLE)
+        for node in h.nodes():
+            overlay = _overlay(node)
+            version = getattr(overlay, "version", None)
+            if not isinstance(version, int):
+                continue
+            answers = [list(overlay.nearest(key, 3)) for key in keys]
+            name = (node.address, node.identity.public_key)
+            before = seen.get(name)
+            seen[name] = (version, answers)
+            if before is None or before[0] != version:
+                continue
+            for key, old, new in zip(keys, before[1], answers, strict=True):
+                if old != new:
+                    failures.append(AssertionError(
+                        f"check_overlay [version]: {node.address} kept version {version} "
+                        f"while nearest({key.hex()[:8]}, 3) went from {_show(old)} to "
+                        f"{_show(new)}"))
+                    return
 
 
 async def _run_suite(h: _Harness, rng: random.Random, nodes: int, settle: float,
