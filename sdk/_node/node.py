@@ -178,11 +178,11 @@ class Node:
         chains.on_orphaned(self._orphaned)
         chains.on_dropped(self._dropped)
 
-    # -- the plugin-facing side (ketten.interfaces.NodeContext) ---------------
-
     def __repr__(self) -> str:
         where = self._address if self._address is not None else "not serving"
         return f"<Node {self.identity.node_id.hex()[:12]} at {where}>"
+
+    # -- the plugin-facing side (ketten.interfaces.NodeContext) ---------------
 
     @property
     def address(self) -> str:
