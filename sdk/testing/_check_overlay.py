@@ -408,24 +408,29 @@ async def _watch_versions(h: _Harness, rng: random.Random,
     seen: dict[tuple[str, bytes], tuple[int, list[list[Peer]]]] = {}
     while not failures:
         await trio.sleep(_VERSION_SAMPLE)
-        for node in h.nodes():
-            overlay = _overlay(node)
-            version = getattr(overlay, "version", None)
-            if not isinstance(version, int):
-                continue
-            answers = [list(overlay.nearest(key, 3)) for key in keys]
-            name = (node.address, node.identity.public_key)
-            before = seen.get(name)
-            seen[name] = (version, answers)
-            if before is None or before[0] != version:
-                continue
-            for key, old, new in zip(keys, before[1], answers, strict=True):
-                if old != new:
-                    failures.append(AssertionError(
-                        f"check_overlay [version]: {node.address} kept version {version} "
-                        f"while nearest({key.hex()[:8]}, 3) went from {_show(old)} to "
-                        f"{_show(new)}"))
-                    return
+        failures.extend(filter(None, (_sample_version(node, keys, seen) for node in h.nodes())))
+
+
+def _sample_version(node: Node, keys: list[bytes],
+                    seen: dict[tuple[str, bytes], tuple[int, list[list[Peer]]]],
+                    ) -> AssertionError | None:
+    """Sample one node (see :func:`_watch_versions`); the broken promise, if any."""
+    overlay = _overlay(node)
+    version = getattr(overlay, "version", None)
+    if not isinstance(version, int):
+        return None
+    answers = [list(overlay.nearest(key, 3)) for key in keys]
+    name = (node.address, node.identity.public_key)
+    before = seen.get(name)
+    seen[name] = (version, answers)
+    if before is None or before[0] != version:
+        return None
+    for key, old, new in zip(keys, before[1], answers, strict=True):
+        if old != new:
+            return AssertionError(
+                f"check_overlay [version]: {node.address} kept version {version} while "
+                f"nearest({key.hex()[:8]}, 3) went from {_show(old)} to {_show(new)}")
+    return None
 
 
 async def _run_suite(h: _Harness, rng: random.Random, nodes: int, settle: float,
