@@ -378,46 +378,36 @@ class Replica:
             new_head = None
         if not synced:
             # Do we now hold the leader's start? Then everything after it is stale.
-            reached = False
+            # A chain that began in the leader's own term has no start: position -1.
+            start_seq = -1 if start is None else start[0]
             if start is None:
-                # The leader's chain began in its own term: all of ours is stale
-                # except what we know committed (the leader holds that).
                 reached = True
-                if head is not None and cut is None and not fresh:
-                    marked = self.state.commit
-                    if (marked is not None and marked[0] <= head_seq
-                            and hashes.get(marked[0]) == marked[1]):
-                        if head_seq > marked[0]:
-                            cut = marked[0] + 1
-                        new_head = marked
-                    else:
-                        cut = 0
-                        new_head = None
             else:
                 held = None
                 for event in fresh:
-                    if event.seq == start[0]:
+                    if event.seq == start_seq:
                         held = event.hash
-                if held is None and start[0] <= head_seq and (cut is None or start[0] < cut):
-                    held = hashes.get(start[0])
-                if held == start[1]:
-                    reached = True
-                    tail_end = new_head[0] if new_head is not None else -1
-                    # What follows the start is stale, except what this broker knows
-                    # committed: the leader holds that too (it could not have been
-                    # elected otherwise), and a copy kept on retiring holds only that.
-                    keep: Pos = start
-                    marked = self.state.commit
-                    if (marked is not None and start[0] < marked[0] <= tail_end
-                            and (cut is None or cut > marked[0])
-                            and hashes.get(marked[0]) == marked[1]):
-                        keep = marked
-                    if tail_end > keep[0]:
-                        if cut is None or cut > keep[0] + 1:
-                            if fresh and fresh[-1].seq > keep[0]:  # pragma: no cover
-                                fresh = [e for e in fresh if e.seq <= keep[0]]
-                            cut = keep[0] + 1 if cut is None else min(cut, keep[0] + 1)
-                        new_head = keep
+                if held is None and start_seq <= head_seq and (cut is None or start_seq < cut):
+                    held = hashes.get(start_seq)
+                reached = held == start[1]
+            if reached:
+                tail_end = new_head[0] if new_head is not None else -1
+                # What follows the start is stale, except what this broker knows
+                # committed: the leader holds that too (it could not have been
+                # elected otherwise), and a copy kept on retiring holds only that.
+                keep: Pos | None = start
+                keep_seq = start_seq
+                marked = self.state.commit
+                if (marked is not None and start_seq < marked[0] <= tail_end
+                        and (cut is None or cut > marked[0])
+                        and hashes.get(marked[0]) == marked[1]):
+                    keep, keep_seq = marked, marked[0]
+                if tail_end > keep_seq:
+                    if cut is None or cut > keep_seq + 1:
+                        if fresh and fresh[-1].seq > keep_seq:  # pragma: no cover
+                            fresh = [e for e in fresh if e.seq <= keep_seq]
+                        cut = keep_seq + 1 if cut is None else min(cut, keep_seq + 1)
+                    new_head = keep
             if cut is not None and not self._may_cut(cut):
                 return AppendOutcome(self._ack(AckStatus.REFUSED, "the leader's chain lacks a "
                                                "committed event"), state=persist)
