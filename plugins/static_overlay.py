@@ -183,7 +183,7 @@ class StaticOverlay:
             (int.from_bytes(self.node.identity.node_id, "big") ^ int.from_bytes(key, "big"), me)
         ]
         for member in self._members.values():
-            if member.down_since is not None and now - member.down_since >= self.evict_after:
+            if self._is_evicted(member, now):
                 continue
             distance = int.from_bytes(member.node_id, "big") ^ int.from_bytes(key, "big")
             ranked.append((distance, member.peer))
@@ -203,16 +203,17 @@ class StaticOverlay:
         evicted: set[bytes] = set()
         pending: list[float] = []
         for key, member in self._members.items():
-            if member.down_since is None:
-                continue
-            if now - member.down_since >= self.evict_after:
+            if self._is_evicted(member, now):
                 evicted.add(key)
-            else:
+            elif member.down_since is not None:
                 pending.append(member.down_since + self.evict_after)
         if evicted != self._evicted:
             self._evicted = frozenset(evicted)
             self._version += 1
         self._evicts_at = min(pending) if pending else None
+
+    def _is_evicted(self, member: _Member, now: float) -> bool:
+        return member.down_since is not None and now - member.down_since >= self.evict_after
 
     def _changed(self) -> None:
         self._version += 1
