@@ -173,7 +173,6 @@ class Progress:
     acked_round: int = 0
     last_ack: float = float("-inf")
     learner: bool = False
-    failures: int = 0
 
 
 def log_rank(log_term: int, head: Pos | None, epoch: int) -> tuple[int, int, int]:
@@ -727,7 +726,6 @@ class Replica:
         p = self.progress.get(member)
         if p is not None:
             p.inflight = False
-            p.failures += 1
 
     def on_append_ack(self, member: bytes, plan: AppendPlan, ack: AppendAckData, now: float,
                       *, locator_match: int | None = None) -> tuple[int | None, ChainState | None]:
@@ -746,7 +744,6 @@ class Replica:
         if self.role is not Role.LEADER or p is None or ack.term != self.state.term:
             return None, None
         p.last_ack = now
-        p.failures = 0
         p.acked_round = max(p.acked_round, plan.round)
         head_seq = -1 if ack.head is None else ack.head[0]
         if ack.status is AckStatus.OK:
@@ -773,8 +770,6 @@ class Replica:
             p.synced = False
             p.match = -1
             p.next = (locator_match if locator_match is not None else -1) + 1
-        elif ack.status is AckStatus.REFUSED:
-            p.failures += 1
         return self._commit_candidate(), None
 
     def _commit_candidate(self) -> int | None:
