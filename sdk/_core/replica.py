@@ -417,7 +417,7 @@ class Replica:
                     persist = self._evolve(configs=kept)
             self.head = new_head
             if reached:
-                adopted = tuple(c for c in configs if c.at <= (start[0] if start else -1))
+                adopted = tuple(c for c in configs if c.at <= start_seq)
                 if not adopted:
                     adopted = tuple(configs[-1:])
                 changes: dict[str, object] = {"log_term": term}
