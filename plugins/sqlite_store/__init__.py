@@ -849,6 +849,10 @@ def _store_head(conn: sqlite3.Connection, criterion: bytes, head: tuple[int, byt
         conn.execute(_SET_HEAD, (criterion, head[0], head[1]))
 
 
+_READER_MMAP = 0x7FFF0000
+"""Bytes of a store a :class:`SqliteReader` maps (sqlite's own upper limit)."""
+
+
 class SqliteReader:
     """Read-only access to a sqlite store directory (a :class:`~ketten.interfaces.StoreReader`).
 
@@ -864,6 +868,11 @@ class SqliteReader:
             raise StoreFormatError(f"{self._path}: no sqlite store here")
         try:
             self._conn: sqlite3.Connection | None = _connect(self._db_path, read_only=True)
+            # Scans read the file through a memory map: a third less time than
+            # through read() calls. Only here, not in a node: a disk that fails
+            # under a map ends the process (SIGBUS) rather than one read, which
+            # a Spark task survives by being retried, and a node must not.
+            self._conn.execute(f"PRAGMA mmap_size = {_READER_MMAP}")
         except sqlite3.DatabaseError as exc:
             raise corrupted(self._db_path, exc) from None
 
