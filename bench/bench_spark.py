@@ -41,31 +41,6 @@ PAYLOAD = 96
 BATCH = 5000
 
 
-def _floor_source(rows: int) -> type:
-    """A Python data source that reads nothing and hands Spark ``rows`` constant seqs:
-    what any Python source pays per query, whatever it reads."""
-    from pyspark.sql.datasource import DataSource, DataSourceReader
-
-    class FloorReader(DataSourceReader):
-        def read(self, partition: object) -> object:
-            import pyarrow as pa
-
-            yield pa.RecordBatch.from_pydict({"seq": list(range(rows))})
-
-    class FloorSource(DataSource):
-        @classmethod
-        def name(cls) -> str:
-            return "python_floor"
-
-        def schema(self) -> str:
-            return "seq long"
-
-        def reader(self, schema: object) -> DataSourceReader:
-            return FloorReader()
-
-    return FloorSource
-
-
 def _constant_source(name: str, rows: int, parts: int, schema: object | None = None) -> type:
     """A Python data source that reads nothing and hands Spark ``rows`` rows in
     ``parts`` partitions of 8,192-row Arrow batches, built from constants without a
@@ -98,7 +73,6 @@ def _constant_source(name: str, rows: int, parts: int, schema: object | None = N
                 return pa.BinaryArray.from_buffers(pa.binary(), n, [
                     None, pa.py_buffer(offsets), pa.py_buffer(bytes(width * n))])
 
-            first, stop = partition.value  # type: ignore[attr-defined]
             def timestamps(n: int) -> pa.Array:
                 return pa.array(np.full(n, 1_700_000_000_000_000, dtype=np.int64),
                                 type=pa.timestamp("us", tz="UTC"))
@@ -116,6 +90,7 @@ def _constant_source(name: str, rows: int, parts: int, schema: object | None = N
                 "payload": lambda low, n: blob(PAYLOAD, n),
                 "replicas": lambda low, n: pa.array(np.full(n, 3, dtype=np.int32)),
             }
+            first, stop = partition.value  # type: ignore[attr-defined]
             for low in range(first, stop, 8192):
                 n = min(8192, stop - low)
                 arrays = [makers[c](low, n) for c, _ in fields]
@@ -129,7 +104,7 @@ def _constant_source(name: str, rows: int, parts: int, schema: object | None = N
             return name
 
         def schema(self) -> object:
-            return schema if full else "author string"
+            return schema
 
         def reader(self, schema: object) -> DataSourceReader:
             return ConstantReader()
@@ -219,6 +194,8 @@ def main() -> None:
         generate(store, args.events, args.chains)
         open(marker, "w").close()
 
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
     from ketten.spark import COMPILED_DECODER, local_session
 
     spark = local_session("bench_spark", config={"spark.driver.memory": "2g"})
@@ -262,13 +239,14 @@ def main() -> None:
             (df.where(f"author = '{writer}'")  # type: ignore[attr-defined]
              .write.format("noop").mode("overwrite").save())
 
-        spark.dataSource.register(_floor_source(high - low))
-
-        floor_df = spark.read.format("python_floor").load()
         parts = source.rdd.getNumPartitions()  # type: ignore[attr-defined]
-        spark.dataSource.register(_constant_source("python_authors", rows, parts))
-        spark.dataSource.register(_constant_source("python_rows", rows, parts,
-                                                   source.schema))  # type: ignore[attr-defined]
+        for name, count, partitions, columns in [
+            ("python_floor", high - low, 1, StructType([StructField("seq", LongType())])),
+            ("python_authors", rows, parts, StructType([StructField("author", StringType())])),
+            ("python_rows", rows, parts, source.schema),  # type: ignore[attr-defined]
+        ]:
+            spark.dataSource.register(_constant_source(name, count, partitions, columns))
+        floor_df = spark.read.format("python_floor").load()
         authors_floor = spark.read.format("python_authors").load()
         rows_floor = spark.read.format("python_rows").load()
 
