@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections import deque
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ketten.errors import ConfigError
 from ketten.plugins.sqlite_store import ketten_make_store
@@ -34,6 +37,24 @@ def test_a_slow_disk_sends_commits_to_the_thread_for_a_while() -> None:
     # Eight slow inline commits (half the window) before each 5 s back-off:
     # about 12 rounds in 60 s.
     assert 80 <= inline <= 100
+
+
+@given(st.lists(st.sampled_from([0.001, 0.004, 0.005, 0.006, 0.050]), max_size=200))
+def test_the_policy_backs_off_exactly_when_the_median_of_the_window_is_over(
+        durations: list[float]) -> None:
+    """Against the rule written out: keep the last 16 durations, back off when
+    at least 8 are kept and their median (the upper one) is over the limit."""
+    policy = InlineCommits(0.005, backoff=5.0)
+    kept: deque[float] = deque(maxlen=16)
+    threaded_until = float("-inf")
+    for n, duration in enumerate(durations):
+        now = float(n)
+        kept.append(duration)
+        if len(kept) >= 8 and sorted(kept)[len(kept) // 2] > 0.005:
+            threaded_until = now + 5.0
+            kept.clear()
+        policy.observe(duration, now)
+        assert policy.allowed(now + 1e-9) == (now + 1e-9 >= threaded_until)
 
 
 def test_zero_turns_inline_commits_off() -> None:

@@ -27,7 +27,9 @@ class InlineCommits:
     window: int = 16
     backoff: float = 5.0
     """Seconds of worker-thread transactions after the median went over the limit."""
-    _recent: deque[float] = attrs.field(init=False)
+    _recent: deque[bool] = attrs.field(init=False)
+    """Of the last ``window`` inline transactions: whether each took longer than ``limit``."""
+    _over: int = attrs.field(default=0, init=False)
     _threaded_until: float = attrs.field(default=float("-inf"), init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -40,7 +42,15 @@ class InlineCommits:
     def observe(self, duration: float, now: float) -> None:
         """Record how long an inline transaction took (``now``: when it ended)."""
         recent = self._recent
-        recent.append(duration)
-        if len(recent) >= self.window // 2 and sorted(recent)[len(recent) // 2] > self.limit:
+        if len(recent) == self.window:
+            self._over -= recent[0]
+        over = duration > self.limit
+        recent.append(over)
+        self._over += over
+        count = len(recent)
+        # The median (the upper one of an even count) is over the limit when at
+        # least the upper half of the sorted durations is.
+        if count >= self.window // 2 and self._over >= count - count // 2:
             self._threaded_until = now + self.backoff
             recent.clear()
+            self._over = 0
