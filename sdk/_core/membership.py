@@ -89,14 +89,29 @@ def _members(value: Iterable[Member]) -> tuple[Member, ...]:
     return tuple(unique[k] for k in sorted(unique))
 
 
-def _decode_members(value: Any, *, where: str) -> tuple[Member, ...]:
+def _member_fields(value: Any, *, where: str) -> tuple[tuple[bytes, str], ...]:
+    """The ``(key, address)`` of each member of a decoded list, checked as
+    :meth:`Member.decode` does, sorted by key and unique."""
     if type(value) is not list or len(value) > MAX_MEMBERS:
         raise DecodeError(f"expected a list of at most {MAX_MEMBERS} members", where=where)
-    members = [Member.decode(v, where=where) for v in value]
-    keys = [m.key for m in members]
-    if keys != sorted(set(keys)):
-        raise DecodeError("members must be sorted by key and unique", where=where)
-    return tuple(members)
+    fields = []
+    last = b""
+    for v in value:
+        if (type(v) is not list or len(v) != 2 or type(v[0]) is not bytes or len(v[0]) != 32
+                or type(v[1]) is not str or not 0 < len(v[1]) <= MAX_ADDRESS):
+            raise DecodeError("a member must be [32-byte key, address]", where=where)
+        if v[0] <= last:
+            raise DecodeError("members must be sorted by key and unique", where=where)
+        last = v[0]
+        fields.append((v[0], v[1]))
+    return tuple(fields)
+
+
+_MAX_DECODED = 1024
+_MAX_DECODED_MEMBERS = 16
+"""Only configurations of so many members are kept (a few megabytes at most)."""
+_decoded: dict[tuple[Any, ...], ChainConfig] = {}
+"""Configurations decoded lately, by their checked wire fields (see :meth:`ChainConfig.decode`)."""
 
 
 @attrs.frozen
@@ -173,10 +188,22 @@ class ChainConfig:
             raise DecodeError("bad position", where=where)
         if type(term) is not int or not 0 <= term <= codec.MAX_UINT:
             raise DecodeError("bad term", where=where)
-        decoded_voters = _decode_members(voters, where=where)
-        if not decoded_voters:
+        voter_fields = _member_fields(voters, where=where)
+        if not voter_fields:
             raise DecodeError("a configuration needs at least one voter", where=where)
-        return cls(epoch, decoded_voters, _decode_members(old, where=where), at, term)
+        # Every field is checked, and of an exact type, by now: equal keys mean an
+        # equal configuration (a chain's few configurations arrive with every append).
+        old_fields = _member_fields(old, where=where)
+        key = (epoch, at, term, voter_fields, old_fields)
+        known = _decoded.get(key)
+        if known is None:
+            known = cls(epoch, [Member(*f) for f in voter_fields],
+                        [Member(*f) for f in old_fields], at, term)
+            if len(voter_fields) + len(old_fields) <= _MAX_DECODED_MEMBERS:
+                if len(_decoded) >= _MAX_DECODED:
+                    _decoded.clear()
+                _decoded[key] = known
+        return known
 
 
 def _configs(value: Iterable[ChainConfig]) -> tuple[ChainConfig, ...]:
