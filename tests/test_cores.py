@@ -161,6 +161,17 @@ def test_a_publish_finds_a_route_builds_and_sends_to_the_leader() -> None:
     assert send.item is not None and not send.item.urge
 
 
+def test_a_route_known_beforehand_skips_the_lookup_and_builds_on_its_commit() -> None:
+    events = chain(b"a")
+    known = PublishAttempt(KEY, 10.0, random.Random(1))
+    known.known_route(route(commit=(0, events[0].hash)), 0.0)
+    build = known.next(0.0)
+    assert build.step is Step.BUILD and build.seq == 1 and build.prev == events[0].hash
+    unknown = PublishAttempt(KEY, 10.0, random.Random(1))
+    unknown.known_route(None, 0.0)
+    assert unknown.next(0.0).step is Step.ROUTE
+
+
 def test_a_stale_answer_rebuilds_on_the_head_and_names_earlier_attempts() -> None:
     events = chain(b"a", b"b")
     attempt = PublishAttempt(KEY, 10.0, random.Random(1))

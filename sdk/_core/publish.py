@@ -216,6 +216,11 @@ class PublishAttempt:
             self._last_error = error or "no broker of the chain could be found"
             self._retry_later(now)
 
+    def known_route(self, route: Route | None, now: float) -> None:
+        """A route the driver knew before asking (``None``: none): taken as a lookup's."""
+        if route is not None and self._need_route and not self._refresh:
+            self.routed(route, now)
+
     def built(self, event: Event) -> None:
         self.event = event
         self.attempts.append(event.hash)

@@ -177,6 +177,7 @@ class Publisher:
                                      base=self._base(criterion, base),
                                      has_conflict_handler=on_conflict is not None,
                                      route_base=not self.has_clock)
+            attempt.known_route(self.sets.cached(criterion), trio.current_time())
             while (action := attempt.next(trio.current_time())).step is not Step.DONE:
                 await self._steps[action.step](call, attempt, action)
             return self._done(criterion, action)
