@@ -11,7 +11,7 @@ DataFrame, in interleaved rounds: ``count()`` (also with the declared schema
 declared schema ``author string``), a full scan (every column materialised,
 ``format("noop")``), one author's events (pushed down) and a range query on
 one chain (pushed down); beside the
-range query, the groupBy(author) and the full scan, the floor of any Python
+range query, the heads count, the groupBy(author) and the full scan, the floor of any Python
 data source: one that hands Spark as many constant rows and reads nothing. Every
 DataFrame is loaded once, before the rounds, on both sides: the rounds time
 the queries. Reports
@@ -41,9 +41,10 @@ PAYLOAD = 96
 BATCH = 5000
 
 
-def _constant_source(name: str, rows: int, parts: int, schema: object | None = None) -> type:
+def _constant_source(name: str, rows: int, parts: int, schema: object | None = None,
+                     batch: int = 8192) -> type:
     """A Python data source that reads nothing and hands Spark ``rows`` rows in
-    ``parts`` partitions of 8,192-row Arrow batches, built from constants without a
+    ``parts`` partitions of ``batch``-row Arrow batches, built from constants without a
     Python loop: the ``author`` column alone, or every column of ``schema`` (the
     ``ketten`` source's) with values of the same widths. What any Python source
     pays for the rows it hands Spark, whatever it reads."""
@@ -91,8 +92,8 @@ def _constant_source(name: str, rows: int, parts: int, schema: object | None = N
                 "replicas": lambda low, n: pa.array(np.full(n, 3, dtype=np.int32)),
             }
             first, stop = partition.value  # type: ignore[attr-defined]
-            for low in range(first, stop, 8192):
-                n = min(8192, stop - low)
+            for low in range(first, stop, batch):
+                n = min(batch, stop - low)
                 arrays = [makers[c](low, n) for c, _ in fields]
                 yield pa.RecordBatch.from_arrays(arrays, schema=pa.schema([
                     pa.field(c, a.type, nullable=nullable)
@@ -239,30 +240,38 @@ def main() -> None:
             (df.where(f"author = '{writer}'")  # type: ignore[attr-defined]
              .write.format("noop").mode("overwrite").save())
 
-        parts = source.rdd.getNumPartitions()  # type: ignore[attr-defined]
-        for name, count, partitions, columns in [
-            ("python_floor", high - low, 1, StructType([StructField("seq", LongType())])),
-            ("python_authors", rows, parts, StructType([StructField("author", StringType())])),
-            ("python_rows", rows, parts, source.schema),  # type: ignore[attr-defined]
-        ]:
-            spark.dataSource.register(_constant_source(name, count, partitions, columns))
-        floor_df = spark.read.format("python_floor").load()
-        authors_floor = spark.read.format("python_authors").load()
-        rows_floor = spark.read.format("python_rows").load()
-
-        def floor() -> None:
-            floor_df.write.format("noop").mode("overwrite").save()
-
         # Every DataFrame is loaded once, before the rounds, as the Parquet one is:
         # the rounds time the queries, not ``load()`` (which, for a Python data
         # source, asks a Python worker for the source and its schema).
         heads_df = declared("seq long", "none")
         authors_df = declared("author string")
 
+        parts = source.rdd.getNumPartitions()  # type: ignore[attr-defined]
+        seqs = StructType([StructField("seq", LongType())])
+        for name, count, partitions, columns, batch in [
+            ("python_floor", high - low, 1, seqs, 8192),
+            ("python_authors", rows, parts, StructType([StructField("author", StringType())]),
+             8192),
+            ("python_rows", rows, parts, source.schema, 8192),  # type: ignore[attr-defined]
+            # As the rows made from the chains' heads: their partitions, 16 x 8,192-row batches.
+            ("python_seqs", rows, heads_df.rdd.getNumPartitions(),  # type: ignore[attr-defined]
+             seqs, 8192 * 16),
+        ]:
+            spark.dataSource.register(_constant_source(name, count, partitions, columns, batch))
+        floor_df = spark.read.format("python_floor").load()
+        authors_floor = spark.read.format("python_authors").load()
+        rows_floor = spark.read.format("python_rows").load()
+        seqs_floor = spark.read.format("python_seqs").load()
+
+        def floor() -> None:
+            floor_df.write.format("noop").mode("overwrite").save()
+
         # (label, ketten, parquet): each runs its query and returns when Spark is done.
         operations: list[tuple[str, Callable[[], object], Callable[[], object]]] = [
             ("count()", lambda: source.count(), lambda: parquet.count()),  # type: ignore[attr-defined]
             ("count(), heads (1)", lambda: heads_df.count(),  # type: ignore[attr-defined]
+             lambda: parquet.count()),  # type: ignore[attr-defined]
+            ("count(), floor (5)", lambda: seqs_floor.count(),
              lambda: parquet.count()),  # type: ignore[attr-defined]
             ("groupBy(criterion).count()", lambda: grouped(source), lambda: grouped(parquet)),
             ("groupBy(author).count()", lambda: by_author(source), lambda: by_author(parquet)),
