@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import attrs
@@ -198,13 +199,12 @@ async def stop_all(processes: list[Process]) -> None:
             await trio.to_thread.run_sync(process.stop)
 
 
-async def test_killed_brokers_and_a_closer_node_lose_no_acknowledged_event(
-        tmp_path: Path) -> None:
-    rng = random.Random(7)
-    processes, client_identity = cluster(tmp_path, rng)
-    joiner = processes[5].identity
-    moving = joiner.node_id  # the joiner is closer to this key than any other node
-    keys = [moving, criterion_key("orders"), criterion_key("payments")]
+async def scenario(processes: list[Process], client_identity: Identity, keys: list[bytes],
+                   publishers: int,
+                   faults: Callable[[ketten.Node], Awaitable[None]]) -> dict[bytes, ChainState]:
+    """Start the first five processes and a client node; ``publishers`` publish through
+    the client while ``faults`` runs; then read every acknowledged event back, stop
+    the nodes and check their stores (see :func:`final_states`)."""
     for process in processes[:5]:
         await trio.to_thread.run_sync(process.start)
     acked: Acked = []
@@ -215,35 +215,48 @@ async def test_killed_brokers_and_a_closer_node_lose_no_acknowledged_event(
             await trio.sleep(2.0)
             stop = trio.Event()
             async with trio.open_nursery() as nursery:
-                for number in range(3):
+                for number in range(publishers):
                     nursery.start_soon(publish_until, client, number, keys, acked, stop)
-                await trio.sleep(3.0)
-                # One broker of each chain dies and comes back.
-                for key in keys:
-                    victim = (await brokers(client, key, processes))[0]
-                    await trio.to_thread.run_sync(victim.kill)
-                    await trio.sleep(2.0)
-                    await trio.to_thread.run_sync(victim.start)
-                    await trio.sleep(1.0)
-                # A node closer to a key than its brokers joins; the chain moves to it,
-                # and one of the old brokers is killed while it does.
-                old = await brokers(client, moving, processes)
-                await trio.to_thread.run_sync(processes[5].start)
-                await trio.sleep(3.0)
-                survivor = old[-1]
-                await trio.to_thread.run_sync(survivor.kill)
-                with trio.fail_after(90):
-                    while joiner.public_key not in (
-                            await client.configuration(moving)).voter_keys():  # type: ignore[union-attr]
-                        await trio.sleep(0.5)
-                await trio.to_thread.run_sync(survivor.start)
-                await trio.sleep(3.0)
+                await faults(client)
                 stop.set()
             assert len(acked) > 30
             await read_back(client, keys, acked)
     finally:
         await stop_all(processes)
-    final = await final_states(processes, client_identity, backing, keys, acked)
+    return await final_states(processes, client_identity, backing, keys, acked)
+
+
+async def test_killed_brokers_and_a_closer_node_lose_no_acknowledged_event(
+        tmp_path: Path) -> None:
+    processes, client_identity = cluster(tmp_path, random.Random(7))
+    joiner = processes[5].identity
+    moving = joiner.node_id  # the joiner is closer to this key than any other node
+    keys = [moving, criterion_key("orders"), criterion_key("payments")]
+
+    async def faults(client: ketten.Node) -> None:
+        await trio.sleep(3.0)
+        # One broker of each chain dies and comes back.
+        for key in keys:
+            victim = (await brokers(client, key, processes))[0]
+            await trio.to_thread.run_sync(victim.kill)
+            await trio.sleep(2.0)
+            await trio.to_thread.run_sync(victim.start)
+            await trio.sleep(1.0)
+        # A node closer to a key than its brokers joins; the chain moves to it,
+        # and one of the old brokers is killed while it does.
+        old = await brokers(client, moving, processes)
+        await trio.to_thread.run_sync(processes[5].start)
+        await trio.sleep(3.0)
+        survivor = old[-1]
+        await trio.to_thread.run_sync(survivor.kill)
+        with trio.fail_after(90):
+            while joiner.public_key not in (
+                    await client.configuration(moving)).voter_keys():  # type: ignore[union-attr]
+                await trio.sleep(0.5)
+        await trio.to_thread.run_sync(survivor.start)
+        await trio.sleep(3.0)
+
+    final = await scenario(processes, client_identity, keys, 3, faults)
     assert joiner.public_key in final[moving].config.voter_keys()  # type: ignore[union-attr]
 
 
@@ -256,45 +269,32 @@ async def test_random_kills_of_one_or_two_brokers_lose_no_acknowledged_event(
     later ones. Other seeds give other schedules (seeds 1-8 were run)."""
     rng = random.Random(seed)
     processes, client_identity = cluster(tmp_path, rng)
-    moving = processes[5].identity.node_id
-    keys = [moving, criterion_key(f"orders {seed}"), criterion_key(f"payments {seed}")]
-    for process in processes[:5]:
-        await trio.to_thread.run_sync(process.start)
-    acked: Acked = []
-    backing = MemoryBacking()
-    try:
-        async with open_node(client_config(client_identity, processes[0].address,
-                                           backing)) as client:
-            await trio.sleep(2.0)
-            stop = trio.Event()
-            async with trio.open_nursery() as nursery:
-                for number in range(4):
-                    nursery.start_soon(publish_until, client, number, keys, acked, stop)
-                await trio.sleep(2.0)
-                for round_ in range(6):
-                    live = [p for p in await brokers(client, rng.choice(keys), processes)
-                            if p.popen is not None]
-                    victims = rng.sample(live, min(len(live), rng.choice([1, 1, 2])))
-                    for victim in victims:
-                        await trio.to_thread.run_sync(victim.kill)
-                        await trio.sleep(rng.uniform(0.0, 0.5))
-                    if round_ > 1 and processes[5].popen is None and rng.random() < 0.4:
-                        await trio.to_thread.run_sync(processes[5].start)
-                    await trio.sleep(rng.uniform(0.5, 6.0))
-                    for victim in victims:
-                        if victim.popen is None:
-                            await trio.to_thread.run_sync(victim.start)
-                        await trio.sleep(rng.uniform(0.0, 1.0))
-                    await trio.sleep(rng.uniform(0.5, 3.0))
-                if processes[5].popen is None:
-                    await trio.to_thread.run_sync(processes[5].start)
-                await trio.sleep(8.0)
-                stop.set()
-            assert len(acked) > 30
-            await read_back(client, keys, acked)
-    finally:
-        await stop_all(processes)
-    await final_states(processes, client_identity, backing, keys, acked)
+    joiner = processes[5]
+    keys = [joiner.identity.node_id, criterion_key(f"orders {seed}"),
+            criterion_key(f"payments {seed}")]
+
+    async def faults(client: ketten.Node) -> None:
+        await trio.sleep(2.0)
+        for round_ in range(6):
+            live = [p for p in await brokers(client, rng.choice(keys), processes)
+                    if p.popen is not None]
+            victims = rng.sample(live, min(len(live), rng.choice([1, 1, 2])))
+            for victim in victims:
+                await trio.to_thread.run_sync(victim.kill)
+                await trio.sleep(rng.uniform(0.0, 0.5))
+            if round_ > 1 and joiner.popen is None and rng.random() < 0.4:
+                await trio.to_thread.run_sync(joiner.start)
+            await trio.sleep(rng.uniform(0.5, 6.0))
+            for victim in victims:
+                if victim.popen is None:
+                    await trio.to_thread.run_sync(victim.start)
+                await trio.sleep(rng.uniform(0.0, 1.0))
+            await trio.sleep(rng.uniform(0.5, 3.0))
+        if joiner.popen is None:
+            await trio.to_thread.run_sync(joiner.start)
+        await trio.sleep(8.0)
+
+    await scenario(processes, client_identity, keys, 4, faults)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
