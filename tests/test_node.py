@@ -209,6 +209,18 @@ async def test_startup_errors_are_not_wrapped(plugins: pluggy.PluginManager) -> 
         assert first.address.rsplit(":", 1)[1] in str(info.value)
 
 
+def test_which_single_error_of_the_nodes_tasks_is_raised_as_itself() -> None:
+    from ketten._node.node import _alone
+
+    refused, bug, other = (ketten.ConfigError("port in use"),
+                           ketten.errors.InternalError("bug"), ValueError("x"))
+    assert _alone(BaseExceptionGroup("g", [refused]), started=False) is refused
+    assert _alone(BaseExceptionGroup("g", [refused]), started=True) is None
+    assert _alone(BaseExceptionGroup("g", [bug]), started=True) is bug
+    assert _alone(BaseExceptionGroup("g", [other]), started=False) is None
+    assert _alone(BaseExceptionGroup("g", [bug, refused]), started=False) is None
+
+
 @pytest.mark.parametrize("store", ["sqlite", "file"])
 async def test_a_node_alone_serves_its_chains_after_a_restart(tmp_path: Path, store: str) -> None:
     config = NodeConfig(replication=1, store=store, identity=ketten.Identity.generate(),

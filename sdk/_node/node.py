@@ -740,17 +740,11 @@ class Node:
         return await self._replicator.pull_committed(address, self._key(criterion), strict=True)
 
 
-@asynccontextmanager
-async def open_node(
-    config: NodeConfig | None = None, *, plugins: pluggy.PluginManager | None = None
-) -> AsyncIterator[Node]:
-    """Open a node: build its plugins by name, open its store, serve, join.
+def _build(config: NodeConfig | None, plugins: pluggy.PluginManager | None) -> Node:
+    """The node ``config`` describes (default: :class:`NodeConfig`), its plugins made
+    by ``plugins`` (default: the installed ones) and wired; nothing opened yet.
 
-    ``plugins`` lets many nodes share one plugin manager (see
-    :func:`ketten.plugin_manager`); by default the installed plugins are
-    discovered. Leaving the block cancels the node's tasks and closes its
-    store. Raises :class:`~ketten.errors.PluginNotFound` for unknown plugin
-    names and :class:`~ketten.errors.ConfigError` for bad options.
+    Raises :class:`~ketten.errors.PluginNotFound` and :class:`~ketten.errors.ConfigError`.
     """
     config = config if config is not None else NodeConfig()
     pm = plugins if plugins is not None else plugin_manager()
@@ -770,6 +764,35 @@ async def open_node(
         raise ConfigError(f"client=True needs an overlay that supports client nodes, such "
                           f"as 'kademlia'; {config.overlay!r} does not")
     node._wire()
+    return node
+
+
+def _alone(group: BaseExceptionGroup, started: bool) -> BaseException | None:
+    """The one error of the node's nursery to raise as itself, if any: a ketten error
+    that kept the node from starting (a port in use, say), or an InternalError (a bug)."""
+    leaves = group.exceptions
+    if len(leaves) != 1:
+        return None
+    leaf = leaves[0]
+    if (not started and isinstance(leaf, KettenError)) or isinstance(leaf, InternalError):
+        return leaf
+    return None
+
+
+@asynccontextmanager
+async def open_node(
+    config: NodeConfig | None = None, *, plugins: pluggy.PluginManager | None = None
+) -> AsyncIterator[Node]:
+    """Open a node: build its plugins by name, open its store, serve, join.
+
+    ``plugins`` lets many nodes share one plugin manager (see
+    :func:`ketten.plugin_manager`); by default the installed plugins are
+    discovered. Leaving the block cancels the node's tasks and closes its
+    store. Raises :class:`~ketten.errors.PluginNotFound` for unknown plugin
+    names and :class:`~ketten.errors.ConfigError` for bad options.
+    """
+    node = _build(config, plugins)
+    pm = node.plugins
     await node.store.open()
     # An error raised by the application's block is re-raised as itself, not
     # wrapped in the ExceptionGroup of the node's nursery; so is a single
@@ -796,12 +819,10 @@ async def open_node(
                 pm.hook.ketten_node_stopping(node=node)
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        leaves = group.exceptions
-        if not started and len(leaves) == 1 and isinstance(leaves[0], KettenError):
-            raise leaves[0] from None
-        if len(leaves) == 1 and isinstance(leaves[0], InternalError):
-            raise leaves[0] from None
-        raise
+        alone = _alone(group, started)
+        if alone is None:
+            raise
+        raise alone from None
     finally:
         node._nursery = None
         with trio.CancelScope(shield=True):
