@@ -75,11 +75,16 @@ class Member:
 
     @classmethod
     def decode(cls, value: Any, *, where: str) -> Member:
-        if (type(value) is not list or len(value) != 2 or type(value[0]) is not bytes
-                or len(value[0]) != 32 or type(value[1]) is not str
-                or not 0 < len(value[1]) <= MAX_ADDRESS):
-            raise DecodeError("a member must be [32-byte key, address]", where=where)
-        return cls(value[0], value[1])
+        return cls(*_member_field(value, where=where))
+
+
+def _member_field(value: Any, *, where: str) -> tuple[bytes, str]:
+    """The ``(key, address)`` of a decoded member, checked."""
+    if (type(value) is not list or len(value) != 2 or type(value[0]) is not bytes
+            or len(value[0]) != 32 or type(value[1]) is not str
+            or not 0 < len(value[1]) <= MAX_ADDRESS):
+        raise DecodeError("a member must be [32-byte key, address]", where=where)
+    return value[0], value[1]
 
 
 def _members(value: Iterable[Member]) -> tuple[Member, ...]:
@@ -90,20 +95,18 @@ def _members(value: Iterable[Member]) -> tuple[Member, ...]:
 
 
 def _member_fields(value: Any, *, where: str) -> tuple[tuple[bytes, str], ...]:
-    """The ``(key, address)`` of each member of a decoded list, checked as
-    :meth:`Member.decode` does, sorted by key and unique."""
+    """The ``(key, address)`` of each member of a decoded list, each checked, sorted by
+    key and unique."""
     if type(value) is not list or len(value) > MAX_MEMBERS:
         raise DecodeError(f"expected a list of at most {MAX_MEMBERS} members", where=where)
     fields = []
     last = b""
     for v in value:
-        if (type(v) is not list or len(v) != 2 or type(v[0]) is not bytes or len(v[0]) != 32
-                or type(v[1]) is not str or not 0 < len(v[1]) <= MAX_ADDRESS):
-            raise DecodeError("a member must be [32-byte key, address]", where=where)
-        if v[0] <= last:
+        field = _member_field(v, where=where)
+        if field[0] <= last:
             raise DecodeError("members must be sorted by key and unique", where=where)
-        last = v[0]
-        fields.append((v[0], v[1]))
+        last = field[0]
+        fields.append(field)
     return tuple(fields)
 
 
