@@ -22,15 +22,11 @@ import trio
 from ._core.identity import Identity
 from ._node.config import NodeConfig
 from ._node.node import Node, open_node
-from .errors import KettenError
+from .errors import NodeClosed
 
 __all__ = ["NodeClosed", "NodeFacade", "NodeThread", "StreamHandle"]
 
 T = TypeVar("T")
-
-
-class NodeClosed(KettenError):
-    """The node's thread has stopped: the call was not made, or was cut short."""
 
 
 class NodeThread:

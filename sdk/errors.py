@@ -30,6 +30,7 @@ __all__ = [
     "InvalidEvent",
     "InvalidSignature",
     "KettenError",
+    "NodeClosed",
     "PeerUnreachable",
     "PluginNotFound",
     "ProtocolError",
@@ -57,6 +58,12 @@ class InternalError(KettenError):
 
 class UsageError(KettenError, ValueError):
     """The application passed something ketten cannot accept."""
+
+
+class NodeClosed(UsageError):
+    """The node (or the subscription) was closed: the call was not made, or was cut
+    short when it closed (a publish cut short may still commit: see
+    :class:`PublishOutcomeUnknown`)."""
 
 
 class ConfigError(UsageError):

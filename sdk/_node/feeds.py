@@ -31,7 +31,7 @@ import logging
 import math
 import random
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -62,6 +62,7 @@ from ..errors import (
 from ..interfaces import Peer
 from .app_cursor import TABLE as APP_CURSOR_TABLE
 from .app_cursor import ConnectionCursor
+from .closing import Closing
 from .local_chains import LocalChains
 from .rpc import Rpc, guarded
 
@@ -217,6 +218,8 @@ class Feeds:
     patience: float = 60.0
     """Seconds a causal subscription waits for a missing event before it raises
     :class:`~ketten.errors.DependencyUnavailable`."""
+    closing: Closing = attrs.field(factory=lambda: Closing("the node"))
+    """The node's calls in flight: subscriptions wait for events as such calls."""
     _table: LeaseTable = attrs.field(init=False)
     _feeds: dict[bytes, Feed] = attrs.field(factory=dict, init=False)
     _by_key: dict[bytes, dict[bytes, Feed]] = attrs.field(factory=dict, init=False)
@@ -888,6 +891,7 @@ class Subscription:
     """
 
     _feed: Feed
+    _closing: Closing = attrs.field(factory=lambda: Closing("the subscription"))
 
     @property
     def criteria(self) -> tuple[bytes, ...]:
@@ -899,6 +903,11 @@ class Subscription:
     def __aiter__(self) -> Subscription:
         return self
 
+    def close(self) -> None:
+        """Its ``async with`` block ended: iterating raises
+        :class:`~ketten.errors.NodeClosed` from now on (and ends a wait in progress)."""
+        self._closing.close()
+
     async def __anext__(self) -> Event:
         """The next event. Raises :class:`~ketten.errors.HoldbackFull` when the
         delivery plugin's queue is full and nothing can be delivered, and
@@ -906,9 +915,12 @@ class Subscription:
         ``patience`` seconds for one that could not be had (iterating again
         keeps waiting; nothing is delivered out of order), and, with
         ``overflow="drop"``, :class:`~ketten.errors.EventsDropped` where events
-        were skipped (iterating again goes on after them)."""
-        await self._feed.fill()
-        return self._feed.pop()
+        were skipped (iterating again goes on after them);
+        :class:`~ketten.errors.NodeClosed` once the node or the subscription's
+        block is closed."""
+        with self._feed.feeds.closing.call(), self._closing.call():
+            await self._feed.fill()
+            return self._feed.pop()
 
 
 MakeFeed = Callable[[tuple[bytes, ...], bytes, "str | None", Mapping[bytes, int],
@@ -954,6 +966,7 @@ async def open_subscription(
     """See :meth:`ketten.Node.subscribe`."""
     if overflow not in ("block", "drop"):
         raise UsageError(f"overflow must be 'block' or 'drop', not {overflow!r}")
+    feeds.closing.check()
     keys = parse_criteria(criteria)
     positions = await start_positions(keys, start, head)
     sid = feeds.rng.randbytes(SID_SIZE)
@@ -962,15 +975,18 @@ async def open_subscription(
         feed.drop_when_slow()
     feeds.attach(feed)
     scope: trio.CancelScope | None = None
+    subscription = Subscription(feed)
     try:
         scope = await nursery.start(feed.maintain)
-        yield Subscription(feed)
+        yield subscription
     finally:
+        subscription.close()
         if scope is not None:
             scope.cancel()
         feeds.detach(feed)
-        with trio.CancelScope(shield=True), trio.move_on_after(feeds.request_timeout):
-            await feed.renew(live=False)
+        if not feeds.closing.closed:  # a closed node has no brokers to tell
+            with trio.CancelScope(shield=True), trio.move_on_after(feeds.request_timeout):
+                await feed.renew(live=False)
 
 
 @attrs.define(eq=False, repr=False)
@@ -1014,7 +1030,8 @@ class DurableSubscription:
     _scope: trio.CancelScope | None = None
     _pending: Event | None = attrs.field(default=None, init=False)
     _lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
-    _closed: bool = attrs.field(default=False, init=False)
+    _closing: Closing = attrs.field(init=False, default=attrs.Factory(
+        lambda self: Closing(f"durable subscription {self.name!r}"), takes_self=True))
 
     @property
     def criteria(self) -> tuple[bytes, ...]:
@@ -1038,42 +1055,50 @@ class DurableSubscription:
     def statistics(self) -> SubscriptionStatistics:
         return self._feed.statistics()
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise UsageError(f"durable subscription {self.name!r} is closed")
+    @contextlib.contextmanager
+    def _call(self) -> Iterator[None]:
+        """A call that closing the node or this subscription ends (see :class:`Closing`)."""
+        with self.feeds.closing.call(), self._closing.call():
+            yield
 
     async def get(self) -> Event:
         """Acknowledge the event the previous call returned, then return the next one.
 
-        Raises :class:`~ketten.errors.UsageError` after :meth:`unsubscribe`
-        or :meth:`aclose`, and on a subscription opened with ``cursor_in``
-        (use :meth:`next`); :class:`~ketten.errors.StoreError` if the
-        acknowledgement could not be written (nothing moved: the previous
-        event is still unacknowledged, and the next call tries again);
+        Raises :class:`~ketten.errors.NodeClosed` after :meth:`unsubscribe`
+        or :meth:`aclose` and once the node is closed (also to a call waiting
+        for an event then); :class:`~ketten.errors.UsageError` on a
+        subscription opened with ``cursor_in`` (use :meth:`next`);
+        :class:`~ketten.errors.StoreError` if the acknowledgement could not
+        be written (nothing moved: the previous event is still
+        unacknowledged, and the next call tries again);
         :class:`~ketten.errors.HoldbackFull` and
         :class:`~ketten.errors.DependencyUnavailable` (see :class:`Subscription`).
         """
-        async with self._lock:
-            self._check_open()
-            if self._connection is not None:
-                raise UsageError(
-                    f"durable subscription {self.name!r} keeps its cursor in the application's "
-                    "connection (cursor_in): use `async with sub.next() as event:`")
-            await self._acknowledge()
-            await self._feed.fill()
-            self._pending = self._feed.pop()
-            return self._pending
+        with self._call():
+            async with self._lock:
+                return await self._get()
+
+    async def _get(self) -> Event:
+        if self._connection is not None:
+            raise UsageError(
+                f"durable subscription {self.name!r} keeps its cursor in the application's "
+                "connection (cursor_in): use `async with sub.next() as event:`")
+        await self._acknowledge()
+        await self._feed.fill()
+        self._pending = self._feed.pop()
+        return self._pending
 
     async def ack(self) -> None:
         """Acknowledge the event :meth:`get` returned (a no-op if there is none).
 
-        Raises :class:`~ketten.errors.UsageError` after :meth:`unsubscribe`
-        or :meth:`aclose`; :class:`~ketten.errors.StoreError` if the
-        acknowledgement could not be written.
+        Raises :class:`~ketten.errors.NodeClosed` after :meth:`unsubscribe`
+        or :meth:`aclose` and once the node is closed;
+        :class:`~ketten.errors.StoreError` if the acknowledgement could not be
+        written.
         """
-        async with self._lock:
-            self._check_open()
-            await self._acknowledge()
+        with self._call():
+            async with self._lock:
+                await self._acknowledge()
 
     @asynccontextmanager
     async def next(self) -> AsyncIterator[Event]:
@@ -1083,13 +1108,16 @@ class DurableSubscription:
         again. An event :meth:`get` returned is acknowledged first.
 
         Raises what :meth:`get` raises, except that ``cursor_in`` is the
-        route this method is for.
+        route this method is for. Closing the node or the subscription ends
+        a wait for the next event, not the block.
         """
-        async with self._lock:
-            self._check_open()
-            await self._acknowledge()
-            await self._feed.fill()
-            event = self._feed.pop()
+        with self._call():
+            await self._lock.acquire()
+        try:
+            with self._call():
+                await self._acknowledge()
+                await self._feed.fill()
+                event = self._feed.pop()
             try:
                 yield event
             except BaseException:
@@ -1099,10 +1127,16 @@ class DurableSubscription:
                         self._connection.rollback()
                 raise
             try:
-                await self._commit(event)
+                # The application's connection is its own: its transaction still
+                # commits after the node closed.
+                with (self.feeds.closing.call() if self._connection is None
+                      else contextlib.nullcontext()):
+                    await self._commit(event)
             except BaseException:
                 self._feed.push_back(event)
                 raise
+        finally:
+            self._lock.release()
 
     async def _acknowledge(self) -> None:
         if self._pending is not None:
@@ -1131,28 +1165,34 @@ class DurableSubscription:
     async def aclose(self) -> None:
         """Stop receiving here; the subscription stays (its cursor is kept, the
         brokers keep it until its lease expires) and can be opened again. An
-        event :meth:`get` returned and nobody acknowledged comes again then."""
+        event :meth:`get` returned and nobody acknowledged comes again then. A
+        call waiting for an event (in another task) ends with
+        :class:`~ketten.errors.NodeClosed`."""
+        self._closing.close()
         if self._scope is not None:
             self._scope.cancel()
             self._scope = None
         self.feeds.detach(self._feed)
-        self._closed = True
+        await trio.lowlevel.checkpoint()
 
     async def unsubscribe(self) -> None:
         """End the subscription: drop it at the brokers and mark the cursor closed.
 
         Brokers that miss the drop learn it from the others, and forget the
-        subscriber when its lease expires in any case. Raises
+        subscriber when its lease expires in any case. A call waiting for an
+        event ends first (see :meth:`aclose`). Raises
+        :class:`~ketten.errors.NodeClosed` once the node is closed and
         :class:`~ketten.errors.StoreError` if the cursor could not be written.
         """
-        async with self._lock:
+        with self.feeds.closing.call():
             await self.aclose()
-            with trio.move_on_after(self.request_timeout * 2):
-                await self._feed.renew(live=False)
-            closed = attrs.evolve(self._state, closed=True)
-            await self._write(closed)
-            self._state = closed
-            self._pending = None
+            async with self._lock:
+                with trio.move_on_after(self.request_timeout * 2):
+                    await self._feed.renew(live=False)
+                closed = attrs.evolve(self._state, closed=True)
+                await self._write(closed)
+                self._state = closed
+                self._pending = None
 
 
 async def open_durable(

@@ -13,9 +13,9 @@ import functools
 import os
 import random
 import time as _time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import attrs
 import pluggy
@@ -32,12 +32,14 @@ from ..errors import (
     ConfigError,
     InternalError,
     KettenError,
+    NodeClosed,
     PeerUnreachable,
     StoreCorrupted,
     UsageError,
 )
 from ..interfaces import Clock, Overlay, Peer, Store, Transport
 from .broker import Broker
+from .closing import Closing
 from .config import NodeConfig
 from .copies import Copies, CopyStatistics
 from .feeds import (
@@ -58,6 +60,23 @@ from .replicator import ReplicationOptions, ReplicationStatistics, Replicator
 from .rpc import Rpc, guarded
 
 __all__ = ["Node", "NodeStatistics", "open_node"]
+
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+def _while_open(method: Callable[Concatenate[Node, _P], Coroutine[Any, Any, _T]],
+                ) -> Callable[Concatenate[Node, _P], Coroutine[Any, Any, _T]]:
+    """A public call that raises :class:`~ketten.errors.NodeClosed` on a closed node,
+    and is cut short with it when the node closes while it runs (from a task of
+    the application's own, which the node's closing does not cancel)."""
+
+    @functools.wraps(method)
+    async def call(self: Node, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        with self._closing.call():
+            return await method(self, *args, **kwargs)
+
+    return call
 
 
 @attrs.frozen
@@ -88,7 +107,12 @@ class _NoTransport:
 
 @attrs.define(eq=False, repr=False)
 class Node:
-    """A ketten node. Build one with :func:`open_node`; it is only usable inside it."""
+    """A ketten node. Build one with :func:`open_node`; it is only usable inside it.
+
+    Once the ``open_node`` block is left, every async method raises
+    :class:`~ketten.errors.NodeClosed`, and calls still running in tasks of
+    the application's own (outside the node's nursery), subscriptions being
+    iterated among them, end with it at once."""
 
     config: NodeConfig
     identity: Identity
@@ -110,6 +134,7 @@ class Node:
     _reader: Reader = attrs.field(init=False)
     _feeds: Feeds = attrs.field(init=False)
     _copies: Copies = attrs.field(init=False)
+    _closing: Closing = attrs.field(init=False, factory=lambda: Closing("the node"))
 
     def __attrs_post_init__(self) -> None:
         self._rpc = Rpc(_NoTransport(), self.config.request_timeout,  # type: ignore[arg-type]
@@ -167,7 +192,8 @@ class Node:
         self._feeds = Feeds(self._rpc, chains, self._member, self.now_ms, self._members_of,
                             self._is_broker, self._local_commit,
                             functools.partial(replicator.pull_committed, strict=True),
-                            sets.address, config.request_timeout, self._rng, **settings)
+                            sets.address, config.request_timeout, self._rng,
+                            closing=self._closing, **settings)
         replicator.on_committed(self._feeds.committed)
         feeds = self._feeds
         self._copies = Copies(chains, CopyBudget(self._options.copies_events),
@@ -215,7 +241,8 @@ class Node:
     def nursery(self) -> trio.Nursery:
         """The node's nursery: tasks started here end when the node closes."""
         if self._nursery is None:
-            raise UsageError("the node is not open")
+            self._closing.check()
+            raise NodeClosed("the node is not open")
         return self._nursery
 
     def register_service(self, name: str,
@@ -236,6 +263,7 @@ class Node:
         :class:`~ketten.errors.UsageError` if the name is taken."""
         self._rpc.serve_messages(name, handler)
 
+    @_while_open
     async def request(self, address: str, service: str, body: Any, *,
                       timeout: float | None = None,
                       retransmit: bool = False) -> tuple[Peer, Any]:
@@ -247,6 +275,7 @@ class Node:
         return await self._rpc.call_raw(address, service, body, timeout=timeout,
                                         retransmit=retransmit)
 
+    @_while_open
     async def call(self, address: str, service: str, body: Any, *,
                    timeout: float | None = None, retransmit: bool = False) -> Any:
         """Like :meth:`request`, returning only the reply body."""
@@ -254,6 +283,7 @@ class Node:
                                       retransmit=retransmit)
         return reply
 
+    @_while_open
     async def notify(self, address: str, service: str, body: Any) -> None:
         """Send a one-way message to ``service`` at ``address`` (it may be lost)."""
         await self._rpc.notify(address, service, body)
@@ -368,6 +398,7 @@ class Node:
 
     # -- publishing --------------------------------------------------------------
 
+    @_while_open
     async def publish(
         self,
         criterion: bytes | str,
@@ -438,6 +469,7 @@ class Node:
 
     # -- reading -----------------------------------------------------------------
 
+    @_while_open
     async def sync(self, criterion: bytes | str, *, deadline: float = 10.0) -> Event | None:
         """Bring the local copy of ``criterion`` up to the chain's committed head.
 
@@ -457,6 +489,7 @@ class Node:
                     return events[-1]
             return await self._chains.head(key)
 
+    @_while_open
     async def read(self, criterion: bytes | str, since: int = 0, *,
                    deadline: float = 10.0) -> list[Event]:
         """The committed events of ``criterion`` from seq ``since`` on.
@@ -481,6 +514,7 @@ class Node:
             self._damaged(exc)
             raise
 
+    @_while_open
     async def pin(self, criterion: bytes | str) -> None:
         """Keep this node's copy of ``criterion`` whatever the ``replication`` option
         ``copies_events`` says (a copy of a chain this node does not replicate is
@@ -490,6 +524,7 @@ class Node:
         :class:`~ketten.errors.StoreError` if the store fails."""
         await self._copies.pin(self._key(criterion))
 
+    @_while_open
     async def unpin(self, criterion: bytes | str) -> None:
         """Undo :meth:`pin`: the copy counts against ``copies_events`` again. Raises
         :class:`~ketten.errors.UsageError`, :class:`~ketten.errors.StoreError`."""
@@ -503,13 +538,15 @@ class Node:
         key = self._key(criterion)
         start = max(from_seq, 0)
         while True:
-            page = await self.store.range(key, start, start + 512)
+            with self._closing.call():
+                page = await self.store.range(key, start, start + 512)
             for event in page:
                 yield event
             if len(page) < 512:
                 return
             start += 512
 
+    @_while_open
     async def view(self, criterion: bytes | str, at: bytes) -> Chain:
         """The chain of ``criterion`` as it was when the event ``at`` was its head.
 
@@ -535,14 +572,17 @@ class Node:
         prefix = await self.store.range(key, 0, tip.seq + 1) if tip is not None else []
         return Chain(key, verify=Verify.LINKS, events=[*prefix, *reversed(path)])
 
+    @_while_open
     async def orphans(self, criterion: bytes | str) -> list[Event]:
         """Events of ``criterion`` that lost a fork here, oldest first."""
         return await self.store.orphans(self._key(criterion))
 
+    @_while_open
     async def head(self, criterion: bytes | str) -> Event | None:
         """The head of the local copy (no network)."""
         return await self._chains.head(self._key(criterion))
 
+    @_while_open
     async def local_commit(self, criterion: bytes | str) -> tuple[int, bytes] | None:
         """The highest position ``(seq, hash)`` of the local copy known to be committed
         (no network): a replica's durable commit mark, or the head of a reader's
@@ -557,6 +597,7 @@ class Node:
             return commit
         return await self._chains.head_pos(key)
 
+    @_while_open
     async def configuration(self, criterion: bytes | str, *,
                             refresh: bool = False) -> ChainConfig | None:
         """The configuration of ``criterion``: the brokers that hold it, with its epoch.
@@ -579,6 +620,7 @@ class Node:
             return None if learned is None else learned.config
         return None if isinstance(found, Creation) else found.config
 
+    @_while_open
     async def recover(self, criterion: bytes | str, *, confirm: str) -> ChainConfig:
         """Operator recovery of a chain whose configuration lost its majority for good.
 
@@ -654,10 +696,12 @@ class Node:
         is at its bound and nothing can be delivered, and
         :class:`~ketten.errors.EventsDropped` (``overflow="drop"`` only).
         """
+        self._closing.check()
         return open_subscription(self._feeds, self.nursery, self._make_feed, criteria,
                                  delivery=delivery, start=start, options=options,
                                  head=self._synced_head, overflow=overflow)
 
+    @_while_open
     async def durable_subscription(
         self,
         name: str,
@@ -694,6 +738,7 @@ class Node:
 
     # -- local chains (no replication) ---------------------------------------
 
+    @_while_open
     async def append_local(
         self,
         criterion: bytes,
@@ -729,6 +774,7 @@ class Node:
             await chains.append([event])
             return event
 
+    @_while_open
     async def pull(self, address: str, criterion: bytes) -> int:
         """Copy the committed events ``address`` holds of ``criterion`` beyond the local head.
 
@@ -817,6 +863,7 @@ async def open_node(
                 body_error = exc
             finally:
                 pm.hook.ketten_node_stopping(node=node)
+                node._closing.close()  # calls from the application's own tasks end too
                 nursery.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         alone = _alone(group, started)
@@ -824,6 +871,7 @@ async def open_node(
             raise
         raise alone from None
     finally:
+        node._closing.close()
         node._nursery = None
         with trio.CancelScope(shield=True):
             try:
