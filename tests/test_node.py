@@ -246,3 +246,29 @@ async def test_a_node_prints_short(autojump_clock) -> None:
         for part in (node._replicator, node._rpc, node._sets, node._feeds, node._chains,
                      node._broker, node._publisher, node.transport):
             assert len(repr(part)) < 200, type(part).__name__
+
+
+async def test_bad_arguments_raise_usage_errors_that_name_them(plugins, autojump_clock) -> None:
+    """Every bad argument is the caller's: a UsageError (or ConfigError) naming it,
+    never a TypeError, ValueError or UnicodeError from deep inside."""
+    with pytest.raises(ConfigError, match=r"identity must be a ketten\.Identity"):
+        ketten.NodeConfig(identity="abc")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="request_timeout"):
+        ketten.NodeConfig(request_timeout=float("nan"))
+    async with ketten.open_node(ketten.NodeConfig(replication=1), plugins=plugins) as node:
+        await node.publish("c", b"x")
+        bad = {
+            "criterion name": lambda: node.publish("a\udc80", b"x"),
+            "deadline": lambda: node.publish("c", b"x", deadline=float("nan")),
+            "deadline ": lambda: node.read("c", deadline=-1),
+            "deadline  ": lambda: node.sync("c", deadline=float("nan")),
+            "since": lambda: node.read("c", since="0"),  # type: ignore[arg-type]
+            "since ": lambda: node.read("c", since=-1),
+        }
+        for word, call in bad.items():
+            with pytest.raises(UsageError, match=word.strip()):
+                await call()
+        with pytest.raises(UsageError, match="from_seq"):
+            async for _ in node.replay("c", from_seq="1"):  # type: ignore[arg-type]
+                pass  # pragma: no cover
+        assert [e.payload for e in await node.read("c")] == [b"x"]

@@ -127,3 +127,34 @@ async def test_an_event_over_max_event_size_is_refused_at_once_naming_the_limit(
         assert await node.read("big") == []
         event = await node.publish("big", b"x" * (limit - 1024))
         assert event.seq == 0
+
+
+async def test_a_nodes_own_publishes_to_one_criterion_go_in_turn(autojump_clock) -> None:
+    """Side by side they would conflict with each other and back off: the node sends
+    them one after the other, so 32 at once take about as long as 32 in a row."""
+    conflicts = 0
+
+    def on_conflict(head: object) -> None:
+        nonlocal conflicts
+        conflicts += 1
+
+    async with open_cluster(3, seed=6) as cluster:
+        node = cluster[0]
+        await node.publish("in turn", b"genesis")
+        began = trio.current_time()
+        for n in range(32):
+            await node.publish("in turn", b"row %d" % n, on_conflict=on_conflict)
+        in_a_row = trio.current_time() - began
+        began = trio.current_time()
+        async with trio.open_nursery() as nursery:
+            for n in range(32):
+                nursery.start_soon(lambda n=n: node.publish("in turn", b"at once %d" % n,
+                                                            on_conflict=on_conflict))
+        at_once = trio.current_time() - began
+        assert conflicts == 0
+        assert at_once <= in_a_row * 1.5
+        chain = await node.read("in turn")
+        assert len(chain) == 65
+        assert sorted(e.payload for e in chain[33:]) == sorted(b"at once %d" % n
+                                                               for n in range(32))
+        assert node._publisher._in_turn._locks == {}  # nothing kept once the calls ended

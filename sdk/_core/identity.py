@@ -40,10 +40,15 @@ def criterion_key(name: str | bytes) -> bytes:
     """The 32-byte key of a criterion: ``SHA-256(name)`` (UTF-8 for text).
 
     Only keys travel and are stored; names stay with the applications.
-    Raises :class:`~ketten.errors.UsageError` for an empty name.
+    Raises :class:`~ketten.errors.UsageError` for an empty name and for text
+    that has no UTF-8 form (a lone surrogate).
     """
     if isinstance(name, str):
-        data = name.encode("utf-8")
+        try:
+            data = name.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise UsageError(f"criterion name {name!r} is not valid text: {exc.reason} at "
+                             f"position {exc.start}") from None
     elif isinstance(name, bytes | bytearray | memoryview):
         data = bytes(name)
     else:

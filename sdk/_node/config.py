@@ -20,8 +20,14 @@ def _positive_int(_: object, attribute: attrs.Attribute[int], value: int) -> Non
         raise ConfigError(f"{attribute.name} must be a positive integer, got {value!r}")
 
 
+def _identity(_: object, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is not None and not isinstance(value, Identity):
+        raise ConfigError(f"identity must be a ketten.Identity (Identity.generate(), "
+                          f"Identity.load(path)) or None, got {type(value).__name__}")
+
+
 def _positive_number(_: object, attribute: attrs.Attribute[float], value: float) -> None:
-    if not isinstance(value, int | float) or value <= 0:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
         raise ConfigError(f"{attribute.name} must be a positive number, got {value!r}")
 
 
@@ -68,7 +74,7 @@ class NodeConfig:
     overlay: str | None = attrs.field(default=None, validator=_plugin_name)
     clock: str | None = attrs.field(default=None, validator=_plugin_name)
     delivery: str = attrs.field(default="chain", validator=_plugin_name)
-    identity: Identity | None = None
+    identity: Identity | None = attrs.field(default=None, validator=_identity)
     replication: int = attrs.field(default=3, validator=_positive_int)
     """``r``: how many brokers hold each chain (network-wide)."""
     max_event_size: int = attrs.field(default=DEFAULT_MAX_EVENT_SIZE, validator=_positive_int)

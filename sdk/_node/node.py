@@ -52,6 +52,7 @@ from .feeds import (
     open_subscription,
 )
 from .local_chains import LocalChains
+from .node_key import claim_store, keep, kept_identity
 from .plugins import check_selected, make_plugin, plugin_manager
 from .publisher import PUBLISH_DEADLINE, ConflictHandler, Publisher
 from .reader import Reader
@@ -421,10 +422,14 @@ class Node:
         ``None`` for the same one, or raises to give up) and the event is
         rebuilt on the new head; retries back off with jitter until
         ``deadline`` seconds (default 30) have passed. A node works on at most
-        ``max_publishing`` (a replication option, 16) publish calls at once;
-        later calls wait their turn in call order, and their ``deadline`` starts
-        when it comes: an overloaded node slows its publishers down rather than
-        failing them (cancel the call to stop waiting). Every attempt of one call carries the
+        ``max_publishing`` (a replication option, 16) publish calls at once, and
+        on one criterion one call at a time (side by side they would only
+        conflict with each other); later calls wait their turn in call order,
+        and their ``deadline`` starts when it comes: an overloaded node slows
+        its publishers down rather than failing them. Cancelling a call stops
+        it, but an event it already offered may still commit (as when
+        :class:`~ketten.errors.PublishOutcomeUnknown` is raised): publish with
+        a ``command`` id to retry safely. Every attempt of one call carries the
         hashes of the earlier ones, so one call is applied at most once.
         ``command`` makes the publish idempotent across calls: the id
         ``(author, command)`` is applied at most once per chain, and
@@ -457,8 +462,7 @@ class Node:
                 "or raise max_event_size in every node's NodeConfig")
         if command is not None and (type(command) is not int or command < 0):
             raise UsageError("command must be a non-negative integer")
-        if not isinstance(deadline, int | float) or isinstance(deadline, bool) or deadline <= 0:
-            raise UsageError("deadline must be a positive number of seconds")
+        deadline = _seconds(deadline)
         self.nursery  # noqa: B018 - raises UsageError unless the node is open
         base = await self._chains.head_pos(key)
         return await self._publisher.publish(
@@ -478,9 +482,11 @@ class Node:
         this node lacks. Returns the local head afterwards (``None``: the
         chain is empty or unknown). Raises
         :class:`~ketten.errors.QuorumUnavailable` if no leader confirmed a
-        commit position in time.
+        commit position in time, :class:`~ketten.errors.UsageError` for a bad
+        criterion or deadline.
         """
         key = self._key(criterion)
+        deadline = _seconds(deadline)
         commit, source = await self._reader.committed_head(key, trio.current_time() + deadline)
         with self._copies.using(key):
             if commit is not None:
@@ -501,9 +507,13 @@ class Node:
         :class:`~ketten.errors.QuorumUnavailable` if that could not be done
         in time, and :class:`~ketten.errors.StoreCorrupted` if this node's copy
         is damaged (the damaged range is then fetched again from the chain's
-        brokers; read again).
+        brokers; read again), :class:`~ketten.errors.UsageError` for a bad
+        criterion, ``since`` or deadline.
         """
         key = self._key(criterion)
+        deadline = _seconds(deadline)
+        if type(since) is not int or since < 0:
+            raise UsageError(f"since must be a seq (an int >= 0), got {since!r}")
         commit, source = await self._reader.committed_head(key, trio.current_time() + deadline)
         if commit is None:
             return []
@@ -533,9 +543,12 @@ class Node:
     async def replay(self, criterion: bytes | str, from_seq: int = 0) -> AsyncIterator[Event]:
         """The local copy of ``criterion`` from ``from_seq`` to its head, in chain order.
 
-        Reads the store in pages, so long chains stream. No network.
+        Reads the store in pages, so long chains stream. No network. Raises
+        :class:`~ketten.errors.UsageError` for a bad criterion or ``from_seq``.
         """
         key = self._key(criterion)
+        if type(from_seq) is not int:
+            raise UsageError(f"from_seq must be a seq (an int), got {from_seq!r}")
         start = max(from_seq, 0)
         while True:
             with self._closing.call():
@@ -786,15 +799,21 @@ class Node:
         return await self._replicator.pull_committed(address, self._key(criterion), strict=True)
 
 
-def _build(config: NodeConfig | None, plugins: pluggy.PluginManager | None) -> Node:
-    """The node ``config`` describes (default: :class:`NodeConfig`), its plugins made
-    by ``plugins`` (default: the installed ones) and wired; nothing opened yet.
+def _seconds(deadline: object) -> float:
+    """A call's ``deadline``, checked. Raises :class:`~ketten.errors.UsageError`."""
+    if not isinstance(deadline, int | float) or isinstance(deadline, bool) or not deadline > 0:
+        raise UsageError(f"deadline must be a positive number of seconds, got {deadline!r}")
+    return float(deadline)
+
+
+def _build(config: NodeConfig, plugins: pluggy.PluginManager | None,
+           identity: Identity) -> Node:
+    """The node ``config`` describes, with ``identity``, its plugins made by
+    ``plugins`` (default: the installed ones) and wired; nothing opened yet.
 
     Raises :class:`~ketten.errors.PluginNotFound` and :class:`~ketten.errors.ConfigError`.
     """
-    config = config if config is not None else NodeConfig()
     pm = plugins if plugins is not None else plugin_manager()
-    identity = config.identity if config.identity is not None else Identity.generate()
     check_selected(pm, "delivery", config.delivery, config.clock)
     node = Node(config, identity, pm)
     node._store = make_plugin(pm, "store", config.store, config.options_for("store"), node)
@@ -834,12 +853,27 @@ async def open_node(
     ``plugins`` lets many nodes share one plugin manager (see
     :func:`ketten.plugin_manager`); by default the installed plugins are
     discovered. Leaving the block cancels the node's tasks and closes its
-    store. Raises :class:`~ketten.errors.PluginNotFound` for unknown plugin
-    names and :class:`~ketten.errors.ConfigError` for bad options.
+    store. A node configured without an identity keeps its key in its store's
+    directory (``node.key``), so that reopening the store is the same node;
+    a store opened by one node is refused to any other. Raises
+    :class:`~ketten.errors.PluginNotFound` for unknown plugin names and
+    :class:`~ketten.errors.ConfigError` for bad options and for a store that
+    belongs to another node.
     """
-    node = _build(config, plugins)
+    config = config if config is not None else NodeConfig()
+    kept = kept_identity(config)
+    node = _build(config, plugins, kept.identity)
     pm = node.plugins
     await node.store.open()
+    try:
+        if keep(kept) != node.identity:
+            raise ConfigError(f"{kept.save_to}: another process made this store's key "
+                              "meanwhile; open the node again")
+        await claim_store(node.store, node.identity, node.config)
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            await node.store.aclose()
+        raise
     # An error raised by the application's block is re-raised as itself, not
     # wrapped in the ExceptionGroup of the node's nursery; so is a single
     # ketten error that keeps the node from starting (a port in use, say).

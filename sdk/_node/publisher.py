@@ -107,6 +107,35 @@ def _take_route(attempt: PublishAttempt, found: Route | Creation | None, now: fl
         attempt.routed(found, now)
 
 
+@attrs.define(eq=False)
+class _InTurn:
+    """Calls on one criterion, one at a time in call order: a node's own publishes to
+    a chain would only conflict with each other (and back off) if sent side by side."""
+
+    _locks: dict[bytes, tuple[trio.Lock, int]] = attrs.field(factory=dict)
+
+    async def acquire(self, criterion: bytes) -> trio.Lock:
+        lock, users = self._locks.get(criterion) or (trio.Lock(), 0)
+        self._locks[criterion] = (lock, users + 1)
+        try:
+            await lock.acquire()
+        except BaseException:
+            self._leave(criterion)
+            raise
+        return lock
+
+    def release(self, criterion: bytes, lock: trio.Lock) -> None:
+        lock.release()
+        self._leave(criterion)
+
+    def _leave(self, criterion: bytes) -> None:
+        lock, users = self._locks[criterion]
+        if users == 1:
+            del self._locks[criterion]  # only criteria with calls keep an entry
+        else:
+            self._locks[criterion] = (lock, users - 1)
+
+
 @attrs.define(eq=False, repr=False)
 class Publisher:
     """Publishes events through the leaders of their chains."""
@@ -127,6 +156,7 @@ class Publisher:
     max_event_size: int = DEFAULT_MAX_EVENT_SIZE
     """The node's ``max_event_size``: a bigger event is refused before it is sent."""
     _turns: trio.Semaphore = attrs.field(init=False)
+    _in_turn: _InTurn = attrs.field(factory=_InTurn, init=False)
     _heads: OrderedDict[bytes, Pos] = attrs.field(factory=OrderedDict, init=False)
     _built: OrderedDict[bytes, int] = attrs.field(factory=OrderedDict, init=False)
     """Events built lately, by the number of the call that built them."""
@@ -168,19 +198,32 @@ class Publisher:
         writers: Sequence[bytes] | None,
         base: Pos | None,
     ) -> Event:
-        """Publish once this call's turn came (see :attr:`max_publishing`)."""
-        async with self._turns:
-            self._calls += 1
-            call = _Call(self._calls, criterion, payload, identity, command, on_conflict,
-                         writers, deadline)
-            attempt = PublishAttempt(criterion, trio.current_time() + deadline, self.rng,
-                                     base=self._base(criterion, base),
-                                     has_conflict_handler=on_conflict is not None,
-                                     route_base=not self.has_clock)
-            attempt.known_route(self.sets.cached(criterion), trio.current_time())
-            while (action := attempt.next(trio.current_time())).step is not Step.DONE:
-                await self._steps[action.step](call, attempt, action)
-            return self._done(criterion, action)
+        """Publish once this call's turn came: after the node's earlier calls on the same
+        criterion, and within :attr:`max_publishing`."""
+        lock = await self._in_turn.acquire(criterion)
+        try:
+            async with self._turns:
+                return await self._publish(criterion, payload, identity=identity,
+                                           command=command, on_conflict=on_conflict,
+                                           deadline=deadline, writers=writers, base=base)
+        finally:
+            self._in_turn.release(criterion, lock)
+
+    async def _publish(self, criterion: bytes, payload: bytes, *, identity: Identity,
+                       command: int | None, on_conflict: ConflictHandler | None,
+                       deadline: float, writers: Sequence[bytes] | None,
+                       base: Pos | None) -> Event:
+        self._calls += 1
+        call = _Call(self._calls, criterion, payload, identity, command, on_conflict,
+                     writers, deadline)
+        attempt = PublishAttempt(criterion, trio.current_time() + deadline, self.rng,
+                                 base=self._base(criterion, base),
+                                 has_conflict_handler=on_conflict is not None,
+                                 route_base=not self.has_clock)
+        attempt.known_route(self.sets.cached(criterion), trio.current_time())
+        while (action := attempt.next(trio.current_time())).step is not Step.DONE:
+            await self._steps[action.step](call, attempt, action)
+        return self._done(criterion, action)
 
     # -- the steps of an attempt, each carried out for PublishAttempt ----------------
 
