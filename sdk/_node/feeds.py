@@ -1015,7 +1015,12 @@ class DurableSubscription:
       block wrote; then the connection is committed once. The effect and
       the acknowledgement commit or roll back together: each event's effect
       happens exactly once. An exception in the block rolls the connection
-      back and the event comes again.
+      back and the event comes again. The connection's transaction is the
+      block's: what the application wrote on it before the block (and before
+      opening the subscription, which commits the connection once to create
+      the ``ketten_cursors`` table and a new cursor) commits or rolls back
+      with it, so commit other work first, or give the subscription a
+      connection of its own.
 
     Only committed events are delivered, so no delivered event is ever
     rolled back.

@@ -40,7 +40,9 @@ async def test_the_counting_store_conforms() -> None:
 
 async def test_a_node_stores_its_chains_in_it(plugins: pluggy.PluginManager) -> None:
     backing = MemoryBacking()
-    config = ketten.NodeConfig(store="counting", options={"store": {"backing": backing}})
+    # A store belongs to the node that opened it first: reopen it as that node.
+    config = ketten.NodeConfig(store="counting", identity=ketten.Identity.generate(),
+                               options={"store": {"backing": backing}})
     key = ketten.criterion_key("counted")
     async with ketten.open_node(config, plugins=plugins) as node:
         assert isinstance(node.store, CountingStore)
