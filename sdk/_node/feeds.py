@@ -578,6 +578,10 @@ class Feed:
                 f"skip events: use overflow='block')")
         self._drop = True
 
+    def has_ready(self) -> bool:
+        """Whether an event (or a drop notice) waits for the application."""
+        return bool(self._ready)
+
     def pop(self) -> Event:
         """The next event; raises the :class:`~ketten.errors.EventsDropped` notice
         that stands in its place in the stream."""
@@ -918,9 +922,14 @@ class Subscription:
         were skipped (iterating again goes on after them);
         :class:`~ketten.errors.NodeClosed` once the node or the subscription's
         block is closed."""
-        with self._feed.feeds.closing.call(), self._closing.call():
-            await self._feed.fill()
-            return self._feed.pop()
+        feed = self._feed
+        if not feed.has_ready():  # a wait: one the closing of the node or the block ends
+            with feed.feeds.closing.call(), self._closing.call():
+                await feed.fill()
+        else:
+            feed.feeds.closing.check()
+            self._closing.check()
+        return feed.pop()
 
 
 MakeFeed = Callable[[tuple[bytes, ...], bytes, "str | None", Mapping[bytes, int],
