@@ -19,10 +19,13 @@ partition or a restart shorter than ``evict_after`` does not move any chain
 to other brokers (consistency over availability).
 
 Members are kept in a store cursor, so a node that restarts sees the same
-replica sets as before even if it cannot reach its seeds yet. Only peers
-authenticated by the transport become members; addresses learned
-from others' lists are candidates (at most 256) until they answer a hello
-themselves.
+replica sets as before even if it cannot reach its seeds yet. A peer becomes a
+member only when a hello this node sent to its address is answered with
+its key: an inbound hello makes the node dial the claimed address back (at
+most 32 at once), so keys made up at addresses where nobody answers never
+become members, never keep a silent member up and are never stored.
+Addresses learned from members' lists are candidates (at most 256) until
+they answer a hello themselves.
 
 **Admission.** Membership is open unless the network names who may join:
 ``admit`` lists member public keys (hex), and ``operators`` lists operator
@@ -68,6 +71,8 @@ _ADMISSION_LABEL = b"ketten-static-admission\x00"
 _CURSOR = "overlay/static/members"
 _CANDIDATE_TRIES = 3
 _DIGEST_SIZE = 16
+_MAX_PROOFS = 32
+"""Hellos dialled back at once to prove claimed addresses (more wait for the next round)."""
 
 
 @attrs.frozen
@@ -138,6 +143,8 @@ class StaticOverlay:
     _members: dict[bytes, _Member] = attrs.field(factory=dict, init=False)
     _candidates: dict[str, int] = attrs.field(factory=dict, init=False)
     _dirty: bool = attrs.field(default=False, init=False)
+    _proving: set[str] = attrs.field(factory=set, init=False)
+    """Claimed addresses being dialled back now."""
     _view: tuple[list[list[Any]], bytes] | None = attrs.field(default=None, init=False)
     _rounds: int = attrs.field(default=0, init=False)
     _version: int = attrs.field(default=0, init=False)
@@ -272,27 +279,47 @@ class StaticOverlay:
             self._counts["lists_sent"] += 1
         return body
 
-    def _admit(self, peer: Peer, *, proven: bool = True) -> None:
-        """Take ``peer`` as a member at its address. ``proven``: it answered a hello
-        sent to that address; otherwise the address is only claimed (an inbound
-        hello), and a claim neither moves a known member nor takes an address
-        from another member: the claimed address is dialled in the next round."""
+    def _claimed(self, peer: Peer) -> None:
+        """An inbound hello: ``peer`` claims its address. A member up at that address
+        needs nothing more; any other claim (a new key, a member that is down or
+        moved) is believed only once a hello sent to the address is answered with
+        the key: it is dialled back now (at most ``_MAX_PROOFS`` at once, else as a
+        candidate in a coming round). So a peer that makes up keys and addresses
+        where nobody answers never becomes a member, never keeps a silent member
+        up, and is never stored."""
+        known = self._members.get(peer.public_key)
+        address = peer.address
+        if (peer.public_key == self.node.identity.public_key or address in self._proving
+                or (known is not None and known.peer.address == address
+                    and known.down_since is None)):
+            return
+        if len(self._proving) >= _MAX_PROOFS:
+            if len(self._candidates) < _MAX_CANDIDATES:
+                self._candidates.setdefault(address, 0)
+            return
+        try:
+            self.node.nursery.start_soon(self._prove, address)
+        except KettenError:
+            return  # the node is closing
+        self._proving.add(address)
+
+    async def _prove(self, address: str) -> None:
+        try:
+            await self._hello(address, None)  # admits whoever answers there with its key
+        finally:
+            self._proving.discard(address)
+
+    def _admit(self, peer: Peer) -> None:
+        """Take ``peer`` as a member at its address: it answered a hello sent there."""
         if peer.public_key == self.node.identity.public_key:
             return
         known = self._members.get(peer.public_key)
-        if not proven:
-            holder = next((k for k, m in self._members.items()
-                           if m.peer.address == peer.address), None)
-            if holder != peer.public_key and (known is not None or holder is not None):
-                if len(self._candidates) < _MAX_CANDIDATES:
-                    self._candidates.setdefault(peer.address, 0)
-                return
         self._candidates.pop(peer.address, None)
         for key, member in list(self._members.items()):
-            if proven and member.peer.address == peer.address and key != peer.public_key:
+            if member.peer.address == peer.address and key != peer.public_key:
                 self._mark_down(member)
         if known is None:
-            self._members[peer.public_key] = _Member(peer, peer.node_id, proven=proven)
+            self._members[peer.public_key] = _Member(peer, peer.node_id, proven=True)
             self._dirty = True
             self._changed()
             self.node.plugins.hook.ketten_peer_joined(node=self.node, peer=peer)
@@ -307,7 +334,7 @@ class StaticOverlay:
                 self._version += 1
         known.peer = peer
         known.down_since = None
-        known.proven = known.proven or proven
+        known.proven = True
 
     def _mark_down(self, member: _Member) -> None:
         """A live member's address went silent, or answers with another key."""
@@ -382,11 +409,13 @@ class StaticOverlay:
                                 "(its key is not listed and it has no valid ticket)")
         self._counts["hellos_served"] += 1
         theirs = _digest(body, "hello")
-        self._admit(peer, proven=False)
-        if "known" in body:
-            self._learn(body["known"], "hello")
+        self._claimed(peer)
         member = self._members.get(peer.public_key)
         if member is not None and member.peer.address == peer.address:
+            # Only a member's list is taken: a claim's comes with the reply to the
+            # hello that proves it.
+            if "known" in body:
+                self._learn(body["known"], "hello")
             member.digest = theirs
             member.greeted_in = self._rounds
         return self._body(self._with_list({"r": self.node.config.replication}, theirs))

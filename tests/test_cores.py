@@ -901,9 +901,35 @@ def test_made_up_keys_that_only_send_requests_never_push_out_nodes_that_answered
         known.saw(Identity.from_seed(bytes([100 + i]) * 32).public_key, "n:fake", 2.0,
                   reached=False)
     assert all(known.last_seen(key) == 1.0 for key in answered)
-    assert len(known) == 6
+    assert len(known) == 4  # one address holds one node: the newest claim of it
     target = criterion_key("near")
     assert {m.key for m in known.nearest(target, 10, since=0.0)} >= set(answered)
+
+
+def test_a_claim_whose_check_got_no_answer_counts_only_for_a_grace() -> None:
+    """Made-up keys claiming addresses that accept connections and never answer would
+    otherwise stand near their keys for the whole memory."""
+    from ketten._core.acquaintances import Acquaintances
+
+    known = Acquaintances()
+    keys = [Identity.from_seed(bytes([i]) * 32).public_key for i in range(4)]
+    target = criterion_key("near")
+    for i, key in enumerate(keys):
+        known.saw(key, f"n:{i}", 1.0, reached=False)
+    known.doubt(keys[0], "n:0", until=5.0)
+    known.doubt(keys[1], "n:elsewhere", until=5.0)  # not its claim: no effect
+    assert known.doubted(keys[0]) and not known.doubted(keys[1])
+    in_grace = {m.key for m in known.nearest(target, 10, since=0.0, now=4.0)}
+    after = {m.key for m in known.nearest(target, 10, since=0.0, now=6.0)}
+    assert in_grace == set(keys) and after == set(keys[1:])
+    # Without ``now`` (no doubts applied) and once it answered, it counts again.
+    assert {m.key for m in known.nearest(target, 10, since=0.0)} == set(keys)
+    known.saw(keys[0], "n:0", 7.0)
+    assert not known.doubted(keys[0])
+    assert keys[0] in {m.key for m in known.nearest(target, 10, since=0.0, now=8.0)}
+    # A new key claiming an address takes it from the unproven key that claimed it.
+    known.saw(Identity.from_seed(b"\x09" * 32).public_key, "n:3", 9.0, reached=False)
+    assert keys[3] not in {m.key for m in known.nearest(target, 10, since=0.0, now=9.0)}
 
 
 def test_a_refuted_claim_is_forgotten_but_a_node_that_answered_is_kept() -> None:

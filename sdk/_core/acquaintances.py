@@ -23,6 +23,13 @@ after the claim (an honest node is there then): an answer moves the node to
 the answered tier, and a claim refused there is forgotten
 (:meth:`Acquaintances.refute`), so a peer claiming an address that is not
 its own cannot hold back the creation of chains near its key for long.
+
+A claim whose check got no answer in time (:meth:`Acquaintances.doubt`)
+counts only for a short grace after it (a partition may have begun just
+then), not for the whole memory: else a peer could make up keys claiming an
+address that accepts connections and never answers, and hold back every new
+chain near those keys for the whole memory. And one address holds one node:
+a key that claims an address another unproven key claimed takes its place.
 """
 
 from __future__ import annotations
@@ -49,6 +56,10 @@ class Acquaintances:
                                                                          init=False)
     _claimed: OrderedDict[bytes, tuple[str, float, int]] = attrs.field(factory=OrderedDict,
                                                                         init=False)
+    _claimants: dict[str, bytes] = attrs.field(factory=dict, init=False)
+    """The key claiming each address of the claimed tier."""
+    _doubted: dict[bytes, float] = attrs.field(factory=dict, init=False)
+    """Claims whose check got no answer, with when they stop counting."""
 
     def saw(self, key: bytes, address: str, now: float, *, reached: bool = True) -> None:
         """``key`` sent an authenticated message at ``now``: an answer from ``address``
@@ -64,11 +75,26 @@ class Acquaintances:
                 tier = self._claimed
         if known is not None and not reached:
             address = known[0]
+        if reached:
+            self._forget_claim(key)
+        elif known is None:
+            rival = self._claimants.get(address)
+            if rival is not None and rival != key:
+                self._forget_claim(rival)  # one address, one node: the newest claim
+            self._claimants[address] = key
         node_id = known[2] if known is not None else int.from_bytes(node_id_of(key), "big")
         tier[key] = (address, now, node_id)
         tier.move_to_end(key)
         while len(tier) > self.capacity:
-            tier.popitem(last=False)
+            dropped, _ = tier.popitem(last=False)
+            if tier is self._claimed:
+                self._forget_claim(dropped)
+
+    def _forget_claim(self, key: bytes) -> None:
+        known = self._claimed.pop(key, None)
+        self._doubted.pop(key, None)
+        if known is not None and self._claimants.get(known[0]) == key:
+            del self._claimants[known[0]]
 
     def answered_at(self, key: bytes) -> str | None:
         """The address ``key`` last answered at, if it ever answered."""
@@ -86,25 +112,40 @@ class Acquaintances:
         known = self._claimed.get(key)
         if known is None or known[0] != address:
             return False
-        del self._claimed[key]
+        self._forget_claim(key)
         return True
+
+    def doubt(self, key: bytes, address: str, until: float) -> None:
+        """The check of ``address``, claimed by ``key``, got no answer in time: the
+        claim counts in :meth:`nearest` only until ``until`` (unless it is proven
+        meanwhile, or claimed again and checked again)."""
+        known = self._claimed.get(key)
+        if known is not None and known[0] == address:
+            self._doubted[key] = until
+
+    def doubted(self, key: bytes) -> bool:
+        """Whether ``key``'s claim got no answer when last checked."""
+        return key in self._doubted
 
     def last_seen(self, key: bytes) -> float | None:
         known = self._answered.get(key) or self._claimed.get(key)
         return None if known is None else known[1]
 
-    def nearest(self, target: bytes, count: int, *, since: float,
+    def nearest(self, target: bytes, count: int, *, since: float, now: float | None = None,
                 distance: Callable[[int, int], int] = operator.xor) -> list[Member]:
         """The ``count`` nodes seen at or after ``since`` whose node ids are nearest to
         ``target`` by ``distance(node id, target)`` (XOR unless the overlay has its
-        own metric), nearest first."""
+        own metric), nearest first; with ``now``, no claim doubted until before it."""
         goal = int.from_bytes(target, "big")
         recent = []
+        doubted = self._doubted
         for tier in (self._answered, self._claimed):
             for key in reversed(tier):  # most recently seen first
                 address, when, node_id = tier[key]
                 if when < since:
                     break
+                if now is not None and key in doubted and doubted[key] < now:
+                    continue
                 recent.append((distance(node_id, goal), key, address))
         recent.sort()
         return [Member(key, address) for _, key, address in recent[:count]]

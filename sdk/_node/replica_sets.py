@@ -114,8 +114,9 @@ class ReplicaSets:
         remembered at the address it claims while that address is checked with one
         ping: an answer with its key proves it; a claim refused there (nobody
         listens, another node answers) is forgotten and ignored for a minute; a
-        check that gets no answer in time leaves the claim remembered (a partition
-        may have begun) and is tried again later. A claim that cannot be checked
+        check that gets no answer in time leaves the claim counting near a key for
+        two request timeouts only (a partition may have begun), and it is
+        checked again when the node is heard from again. A claim that cannot be checked
         now (too many checks out, or one of this node's already) is not
         remembered. A peer the overlay does not admit (see
         :class:`~ketten.interfaces.Overlay`) is never remembered."""
@@ -127,7 +128,8 @@ class ReplicaSets:
         if reached:
             if known.answered_at(key) != address:  # else proven when it first answered
                 self._claims.prove(node_id, address)
-        elif (known.answered_at(key) is None and known.claimed_at(key) != address
+        elif (known.answered_at(key) is None
+              and (known.claimed_at(key) != address or known.doubted(key))
               and not self._claims.proven(node_id, address)):
             if self._claims.refuted(node_id, address, now):
                 return  # a claim found false a moment ago: not remembered again
@@ -144,9 +146,13 @@ class ReplicaSets:
         node_id = int.from_bytes(peer.node_id, "big")
         refused = False
         try:
-            with trio.move_on_after(self.timeout / 2):
+            with trio.move_on_after(self.timeout / 2) as waited:
                 await self.rpc.call(peer.address, Ping(), timeout=self.timeout,
                                     retransmit=True, expect=peer.public_key)
+            if waited.cancelled_caught:
+                # It counts near a key a little longer (a partition may have begun).
+                self.acquaintances.doubt(peer.public_key, peer.address,
+                                         self.now() + 2 * self.timeout)
         except RemoteError:
             pass  # something answered there, with an error: proves nothing either way
         except KettenError:
@@ -484,8 +490,9 @@ class ReplicaSets:
         nearby = await self.candidates(criterion, 2 * self.replication)
         own = self.own().key
         asked = {m.key: m for m in nearby}
+        now = self.now()
         remembered = self.acquaintances.nearest(criterion, self.replication,
-                                                since=self.now() - self.memory,
+                                                since=now - self.memory, now=now,
                                                 distance=self.distance)
         for member in remembered:
             asked.setdefault(member.key, member)

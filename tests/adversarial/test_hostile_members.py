@@ -4,6 +4,7 @@ none of them becomes a member or a broker, and the honest nodes publish."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
@@ -177,3 +178,76 @@ async def test_false_claims_do_not_hold_back_new_chains_near_the_claimants() -> 
         assert target.replication_statistics().claims_refuted == 2
         for peer in (liar, nowhere):
             await peer.aclose()
+
+
+@asynccontextmanager
+async def silent_listener() -> AsyncIterator[str]:
+    """An address that accepts connections and never says a word."""
+    held: list[trio.SocketStream] = []
+
+    async def hold(stream: trio.SocketStream) -> None:
+        held.append(stream)
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, hold, 0,
+                                                          host="127.0.0.1"))
+        yield f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+        nursery.cancel_scope.cancel()
+
+
+async def test_made_up_keys_at_silent_addresses_do_not_hold_back_new_chains() -> None:
+    """Twenty made-up keys claim two addresses that accept connections and never
+    answer, one request each. One address holds one node, and a claim whose check
+    got no answer counts only a little longer: chains nearest to the claimants are
+    created within seconds, not after the ten-minute memory."""
+    async with AsyncExitStack() as stack:
+        nodes: list[ketten.Node] = []
+        for _ in range(3):
+            boot = [nodes[0].address] if nodes else []
+            config = NodeConfig(identity=Identity.generate(), transport="tcp",
+                                overlay="kademlia", request_timeout=1.0,
+                                options={"overlay": {"bootstrap": boot}})
+            nodes.append(await stack.enter_async_context(open_node(config, plugins=PM)))
+        silent = [await stack.enter_async_context(silent_listener()) for _ in range(2)]
+        await trio.sleep(1.0)
+        target = nodes[0]
+        last: list[Identity] = []
+        for address in silent:
+            for _ in range(10):
+                claimant = HostilePeer(target.address, claimed=address)
+                kind, _body = await claimant.request("kad", {"op": "ping"}, timeout=5)
+                assert kind == "reply"
+                await claimant.aclose()
+            last.append(claimant.identity)
+        await trio.sleep(3.0)  # the checks time out (0.5 s), the grace (2 s) passes
+        with trio.fail_after(20):
+            for name in names_nearest_to(last, [n.identity for n in nodes], 2):
+                await target.publish(name, b"x", deadline=10)
+
+
+async def test_made_up_keys_at_silent_addresses_never_become_static_members() -> None:
+    """Sixty fresh identities greet a node of an open static network, each claiming an
+    address where nobody answers: the node dials each claim back, and none becomes a
+    member, is stored, or is greeted round after round; an honest node still joins."""
+    async with AsyncExitStack() as stack:
+        first = await stack.enter_async_context(static_node(Identity.generate(), []))
+        silent = await stack.enter_async_context(silent_listener())
+        hello = {"op": "hello", "r": 3, "known": []}
+        for n in range(60):
+            claimed = silent if n % 2 else f"127.0.0.1:{9 + n}"  # nobody listens there
+            sybil = HostilePeer(first.address, claimed=claimed)
+            kind, _body = await sybil.request("static", hello, timeout=5)
+            assert kind == "reply"
+            await sybil.aclose()
+        second = await stack.enter_async_context(static_node(Identity.generate(),
+                                                             [first.address]))
+        await trio.sleep(3.0)
+        assert first.overlay is not None
+        members = {p.public_key for p in first.overlay.members()}
+        assert members == {second.identity.public_key}
+        stats = first.overlay.statistics()
+        assert stats.candidates == 0
+        sent = stats.hellos_sent
+        await trio.sleep(1.0)
+        assert first.overlay.statistics().hellos_sent - sent < 20  # about 5 rounds of one
