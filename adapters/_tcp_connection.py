@@ -48,7 +48,7 @@ class Connection:
     """When the write under way began (``None``: none is)."""
     close_reason: str = ""
     _write_scope: trio.CancelScope | None = attrs.field(default=None, init=False)
-    max_queued: int = 8 << 20
+    max_queued: int = 1 << 20
     """Bytes of frames waiting behind a write under way beyond which a sender waits
     its turn: a peer that stops reading holds up its own answers (and, through the
     request slots they keep, its own requests); what waits in memory for it stays

@@ -46,9 +46,12 @@ address peers should dial, default the bound one), ``max_connections``
 and messages of one peer handled at once, over all its connections),
 ``max_inflight_bytes`` (64 MiB: bytes of requests and messages handled at
 once, all peers together; a frame beyond either bound waits, and its
-connection is not read meanwhile), ``max_per_source`` (64) and
-``max_handshakes_per_source`` (8): incoming connections per source IP
-address; ``encrypt`` (true): seal
+connection is not read meanwhile), ``max_unsent_bytes`` (1 MiB: frames
+waiting behind a write under way on one connection, beyond which their
+senders wait: what a peer that stops reading pins in memory is this, its
+requests' answers and the write under way, until ``frame_timeout`` cuts it
+off), ``max_per_source`` (64) and ``max_handshakes_per_source`` (8):
+incoming connections per source IP address; ``encrypt`` (true): seal
 every frame after the handshake with ChaCha20-Poly1305 under keys from an
 X25519 exchange in the handshake (:mod:`._tcp_cipher`); every node of a
 network must use the same setting.
@@ -274,6 +277,7 @@ class TcpTransport:
     max_inflight_bytes: int = 64 << 20
     max_per_source: int = 64
     max_handshakes_per_source: int = 8
+    max_unsent_bytes: int = 1 << 20
     loses_frames: bool = attrs.field(default=False, init=False)
     """A frame arrives or its connection fails: callers need not retransmit."""
     _address: str | None = attrs.field(default=None, init=False)
@@ -494,7 +498,8 @@ class TcpTransport:
                 await trio.aclose_forcefully(stream)
                 raise
             conn = Connection(stream, peer, decoder, outbound=True, session=session,
-                              last_used=trio.current_time(), send_timeout=self.frame_timeout)
+                              last_used=trio.current_time(), send_timeout=self.frame_timeout,
+                              max_queued=self.max_unsent_bytes)
             self._counts["connections_dialed"] += 1
             self._open.add(conn)
             self._dialed[address] = conn
@@ -756,7 +761,8 @@ class TcpTransport:
                     self._handshaking_from[source] = left
             conn = Connection(stream, peer, decoder, outbound=False, source=source,
                               session=session,
-                              last_used=trio.current_time(), send_timeout=self.frame_timeout)
+                              last_used=trio.current_time(), send_timeout=self.frame_timeout,
+                              max_queued=self.max_unsent_bytes)
             self._open.add(conn)
             self._accepted[peer.public_key] = conn
             await self._run_connection(conn)
@@ -912,6 +918,8 @@ def ketten_plugin_spec(kind: str, name: str) -> PluginSpec | None:
         "max_inflight_bytes": Option("bytes of requests handled at once, all peers", int),
         "max_per_source": Option("incoming connections per source address", int),
         "max_handshakes_per_source": Option("handshakes in progress per source address", int),
+        "max_unsent_bytes": Option("bytes of frames waiting to be written, per connection",
+                                   int),
         "encrypt": Option("seal every frame after the handshake", bool),
     })
 
@@ -922,7 +930,7 @@ def ketten_make_transport(name: str, options: Mapping[str, Any], node: Node) -> 
         return None
     known = {"listen", "advertise", "max_connections", "max_frame_size", "handshake_timeout",
              "frame_timeout", "idle_timeout", "max_concurrent_requests", "max_inflight_bytes",
-             "max_per_source", "max_handshakes_per_source", "encrypt"}
+             "max_per_source", "max_handshakes_per_source", "max_unsent_bytes", "encrypt"}
     unknown = set(options) - known
     if unknown:
         raise ConfigError(f"unknown tcp options: {', '.join(sorted(unknown))}")
@@ -952,6 +960,7 @@ def ketten_make_transport(name: str, options: Mapping[str, Any], node: Node) -> 
             max_inflight_bytes=_option_int(options, "max_inflight_bytes", 64 << 20, 1024),
             max_per_source=_option_int(options, "max_per_source", 64, 1),
             max_handshakes_per_source=_option_int(options, "max_handshakes_per_source", 8, 1),
+            max_unsent_bytes=_option_int(options, "max_unsent_bytes", 1 << 20, 1024),
         )
     except UsageError as exc:
         raise ConfigError(f"tcp transport: {exc}") from None

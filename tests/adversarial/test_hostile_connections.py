@@ -15,7 +15,7 @@ from hostile import RawClient, raw_connect
 import ketten
 from ketten import Identity, NodeConfig, open_node
 from ketten.adapters._framing import Auth, FrameDecoder, Hello, Refuse, Reply, Request
-from ketten.adapters.tcp import parse_address, source_of
+from ketten.adapters.tcp import TcpTransport, parse_address, source_of
 from ketten.wire import encode_message
 
 PM = ketten.plugin_manager()
@@ -133,6 +133,15 @@ async def test_per_source_options_are_checked(option: str) -> None:
             pass
 
 
+async def test_the_bytes_waiting_for_a_slow_reader_are_an_option() -> None:
+    with pytest.raises(ketten.ConfigError, match=r"max_unsent_bytes.* must be an integer >= 1024"):
+        async with node_at("127.0.0.1", max_unsent_bytes=10):
+            pass  # pragma: no cover
+    async with node_at("127.0.0.1", max_unsent_bytes=4096) as node:
+        assert isinstance(node.transport, TcpTransport)
+        assert node.transport.max_unsent_bytes == 4096
+
+
 async def _flood(client: RawClient, service: str, bodies: list[Any]) -> int:
     """Send every body as a request at once; count the replies until all came."""
     for req_id, body in enumerate(bodies, 1):
@@ -242,7 +251,7 @@ async def test_a_peer_that_stops_reading_holds_up_only_its_own_answers() -> None
         for req_id in range(1, 201):
             await hog.send(Request(req_id, encode_message("big", None)))
         await trio.sleep(2.0)
-        # What the sockets hold (a few MB on loopback), 8 MiB queued, 8 slots waiting.
+        # What the sockets hold (a few MB on loopback), 1 MiB queued, 8 slots waiting.
         assert answered["count"] < 100, "answers to a peer that reads none piled up"
         async with node_at("127.0.0.6") as honest:
             with trio.fail_after(10):
