@@ -902,6 +902,11 @@ def test_made_up_keys_that_only_send_requests_never_push_out_nodes_that_answered
                   reached=False)
     assert all(known.last_seen(key) == 1.0 for key in answered)
     assert len(known) == 4  # one address holds one node: the newest claim of it
+    for i in range(50):  # at addresses of their own: the bound holds, nothing leaks
+        known.saw(Identity.from_seed(bytes([200 - i]) * 32).public_key, f"n:{i}", 3.0,
+                  reached=False)
+    assert len(known) == 6
+    assert len(known._claimants) == 3 and len(known._doubted) == 0
     target = criterion_key("near")
     assert {m.key for m in known.nearest(target, 10, since=0.0)} >= set(answered)
 

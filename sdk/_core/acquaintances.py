@@ -86,9 +86,11 @@ class Acquaintances:
         tier[key] = (address, now, node_id)
         tier.move_to_end(key)
         while len(tier) > self.capacity:
-            dropped, _ = tier.popitem(last=False)
+            dropped, (where, _, _) = tier.popitem(last=False)
             if tier is self._claimed:
-                self._forget_claim(dropped)
+                self._doubted.pop(dropped, None)
+                if self._claimants.get(where) == dropped:
+                    del self._claimants[where]
 
     def _forget_claim(self, key: bytes) -> None:
         known = self._claimed.pop(key, None)
