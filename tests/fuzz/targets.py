@@ -176,6 +176,7 @@ def static_hello(data: bytes) -> None:
     node = SimpleNamespace(
         identity=_HANDSHAKE_ID, address="127.0.0.1:2", config=SimpleNamespace(replication=3),
         register_service=lambda name, handler: None,
+        nursery=SimpleNamespace(start_soon=lambda *args: None),  # the dial-back of a claim
         plugins=SimpleNamespace(hook=SimpleNamespace(ketten_peer_joined=lambda **kw: None)))
     overlay = static.StaticOverlay(node=node, seeds=[])  # type: ignore[arg-type]
     body = _body(data[1:])
