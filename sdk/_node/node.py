@@ -110,10 +110,11 @@ class _NoTransport:
 class Node:
     """A ketten node. Build one with :func:`open_node`; it is only usable inside it.
 
-    Once the ``open_node`` block is left, every async method raises
-    :class:`~ketten.errors.NodeClosed`, and calls still running in tasks of
-    the application's own (outside the node's nursery), subscriptions being
-    iterated among them, end with it at once."""
+    Once the ``open_node`` block is left, the methods an application calls
+    (publishing, reading, subscribing and the rest; not the ones plugins use
+    to talk to peers) raise :class:`~ketten.errors.NodeClosed`, and such
+    calls still running in tasks of the application's own (outside the node's
+    nursery), subscriptions being iterated among them, end with it at once."""
 
     config: NodeConfig
     identity: Identity
@@ -264,7 +265,6 @@ class Node:
         :class:`~ketten.errors.UsageError` if the name is taken."""
         self._rpc.serve_messages(name, handler)
 
-    @_while_open
     async def request(self, address: str, service: str, body: Any, *,
                       timeout: float | None = None,
                       retransmit: bool = False) -> tuple[Peer, Any]:
@@ -276,7 +276,6 @@ class Node:
         return await self._rpc.call_raw(address, service, body, timeout=timeout,
                                         retransmit=retransmit)
 
-    @_while_open
     async def call(self, address: str, service: str, body: Any, *,
                    timeout: float | None = None, retransmit: bool = False) -> Any:
         """Like :meth:`request`, returning only the reply body."""
@@ -284,7 +283,6 @@ class Node:
                                       retransmit=retransmit)
         return reply
 
-    @_while_open
     async def notify(self, address: str, service: str, body: Any) -> None:
         """Send a one-way message to ``service`` at ``address`` (it may be lost)."""
         await self._rpc.notify(address, service, body)
