@@ -30,6 +30,19 @@ async def static_node(identity: Identity, seeds: list[str],
         yield node
 
 
+async def kademlia_nodes(stack: AsyncExitStack, *, request_timeout: float,
+                         count: int = 3) -> list[ketten.Node]:
+    """``count`` nodes on loopback TCP with the kademlia overlay, the first their seed."""
+    nodes: list[ketten.Node] = []
+    for _ in range(count):
+        boot = [nodes[0].address] if nodes else []
+        config = NodeConfig(identity=Identity.generate(), transport="tcp", overlay="kademlia",
+                            request_timeout=request_timeout,
+                            options={"overlay": {"bootstrap": boot}})
+        nodes.append(await stack.enter_async_context(open_node(config, plugins=PM)))
+    return nodes
+
+
 def close_pair() -> tuple[Identity, Identity]:
     """Two identities whose node ids share their first byte: some keys have both as
     their two nearest nodes."""
@@ -151,13 +164,7 @@ async def test_false_claims_do_not_hold_back_new_chains_near_the_claimants() -> 
     address nobody listens at, each send a few requests. The node checks each claim
     once, forgets both, and creates new chains whose nearest nodes are the claimants."""
     async with AsyncExitStack() as stack:
-        nodes: list[ketten.Node] = []
-        for _ in range(3):
-            boot = [nodes[0].address] if nodes else []
-            config = NodeConfig(identity=Identity.generate(), transport="tcp",
-                                overlay="kademlia", request_timeout=2.0,
-                                options={"overlay": {"bootstrap": boot}})
-            nodes.append(await stack.enter_async_context(open_node(config, plugins=PM)))
+        nodes = await kademlia_nodes(stack, request_timeout=2.0)
         await trio.sleep(1.0)
         target, victim = nodes[0], nodes[1]
         liar_id, nowhere_id = close_pair()
@@ -202,13 +209,7 @@ async def test_made_up_keys_at_silent_addresses_do_not_hold_back_new_chains() ->
     got no answer counts only a little longer: chains nearest to the claimants are
     created within seconds, not after the ten-minute memory."""
     async with AsyncExitStack() as stack:
-        nodes: list[ketten.Node] = []
-        for _ in range(3):
-            boot = [nodes[0].address] if nodes else []
-            config = NodeConfig(identity=Identity.generate(), transport="tcp",
-                                overlay="kademlia", request_timeout=1.0,
-                                options={"overlay": {"bootstrap": boot}})
-            nodes.append(await stack.enter_async_context(open_node(config, plugins=PM)))
+        nodes = await kademlia_nodes(stack, request_timeout=1.0)
         silent = [await stack.enter_async_context(silent_listener()) for _ in range(2)]
         await trio.sleep(1.0)
         target = nodes[0]
