@@ -48,12 +48,11 @@ class ClientSettings:
 
     def node_config(self) -> NodeConfig:
         """Raises :class:`ConfigError` for a key file that is missing or unreadable."""
-        if self.key is None:
-            identity = Identity.generate()
-        elif not self.key.exists():
-            raise ConfigError(f"{self.key}: no such key file (ketten keygen {self.key} "
-                              "writes one)")
-        else:
+        identity: Identity | None = None  # without a key file: the data directory keeps one
+        if self.key is not None:
+            if not self.key.exists():
+                raise ConfigError(f"{self.key}: no such key file (ketten keygen {self.key} "
+                                  "writes one)")
             identity = Identity.load(self.key)
         transport: dict[str, Any] = {"listen": self.listen}
         if self.advertise is not None:
@@ -127,7 +126,8 @@ def network_options(command: F) -> F:
                      help="HOST:PORT of a node to join through (repeat, or comma-separated; "
                           "env KETTEN_BOOTSTRAP)"),
         click.option("--key", type=click.Path(dir_okay=False, path_type=Path),
-                     help="private key file (default: a fresh identity)"),
+                     help="private key file (default: the one --data keeps, else a fresh "
+                          "identity)"),
         click.option("--data", type=click.Path(file_okay=False, path_type=Path),
                      help="keep this node's store in DIR (SQLite; default: memory)"),
         click.option("--listen", default="127.0.0.1:0", show_default=True,

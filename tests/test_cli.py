@@ -243,6 +243,13 @@ async def test_publish_then_read(plugins: pluggy.PluginManager, tmp_path: Path,
         assert capsys.readouterr().out == ""
         held = await nodes[0].read("orders")
         assert [e.hash.hex() for e in held] == [published_text.group(1), published["hash"]]
+        # With --data and no --key the directory keeps the node's key: run after run,
+        # the same node opens its store.
+        data = tmp_path / "client"
+        for _ in range(2):
+            assert await cli("read", "orders", "--data", str(data), *boot) == 0
+            assert len(capsys.readouterr().out.splitlines()) == 2
+        assert (data / "node.key").exists()
 
         # A node of another network is named with the reason it refused.
         assert await cli("read", "orders", "--replication", "5", *boot) == 2
