@@ -510,8 +510,7 @@ class Node:
         """
         key = self._key(criterion)
         deadline = _seconds(deadline)
-        if type(since) is not int or since < 0:
-            raise UsageError(f"since must be a seq (an int >= 0), got {since!r}")
+        _seq(since, "since")
         commit, source = await self._reader.committed_head(key, trio.current_time() + deadline)
         if commit is None:
             return []
@@ -545,9 +544,7 @@ class Node:
         :class:`~ketten.errors.UsageError` for a bad criterion or ``from_seq``.
         """
         key = self._key(criterion)
-        if type(from_seq) is not int:
-            raise UsageError(f"from_seq must be a seq (an int), got {from_seq!r}")
-        start = max(from_seq, 0)
+        start = _seq(from_seq, "from_seq", clamp=True)
         while True:
             with self._closing.call():
                 page = await self.store.range(key, start, start + 512)
@@ -804,6 +801,14 @@ def _seconds(deadline: object) -> float:
     return float(deadline)
 
 
+def _seq(value: object, name: str, *, clamp: bool = False) -> int:
+    """A seq argument, checked (``clamp``: a negative one is 0). Raises
+    :class:`~ketten.errors.UsageError`."""
+    if type(value) is not int or (value < 0 and not clamp):
+        raise UsageError(f"{name} must be a seq (an int >= 0), got {value!r}")
+    return max(value, 0)
+
+
 def _build(config: NodeConfig, plugins: pluggy.PluginManager | None,
            identity: Identity) -> Node:
     """The node ``config`` describes, with ``identity``, its plugins made by
@@ -864,9 +869,7 @@ async def open_node(
     pm = node.plugins
     await node.store.open()
     try:
-        if keep(kept) != node.identity:
-            raise ConfigError(f"{kept.save_to}: another process made this store's key "
-                              "meanwhile; open the node again")
+        keep(kept)
         await claim_store(node.store, node.identity, node.config)
     except BaseException:
         with trio.CancelScope(shield=True):

@@ -71,30 +71,34 @@ def _load(key: Path) -> Identity:
         raise ConfigError(f"{key}: not a ketten key file ({exc})") from None
 
 
-def keep(kept: KeptIdentity) -> Identity:
-    """Write the key file :func:`kept_identity` left to write, if any; return the
-    node's identity (that of a key file another process wrote meanwhile). Raises
-    :class:`~ketten.errors.ConfigError` if it cannot be written."""
+def keep(kept: KeptIdentity) -> None:
+    """Write the key file :func:`kept_identity` left to write, if any. Raises
+    :class:`~ketten.errors.ConfigError` if it cannot be written, or if another
+    process wrote one meanwhile (the node opened with another key)."""
     if kept.save_to is None:
-        return kept.identity
+        return
     try:
         kept.identity.save(kept.save_to)
     except UsageError:
-        return _load(kept.save_to)  # another process made it first
+        raise ConfigError(f"{kept.save_to}: another process made this store's key "
+                          "meanwhile; open the node again") from None
     except OSError as exc:
         raise ConfigError(f"{kept.save_to}: cannot keep the node's key there: "
                           f"{exc.strerror}") from None
-    return kept.identity
 
 
 async def claim_store(store: Store, identity: Identity, config: NodeConfig) -> None:
     """Record ``identity`` as the owner of the (open) ``store``, or check it is.
 
     Raises :class:`~ketten.errors.ConfigError` if another node owns it."""
-    owner = await store.get_cursor(OWNER_CURSOR)
-    if owner is None:
+    if _owner_unset(await store.get_cursor(OWNER_CURSOR), identity, config):
         await store.put_cursor(OWNER_CURSOR, identity.public_key)
-        return
+
+
+def _owner_unset(owner: bytes | None, identity: Identity, config: NodeConfig) -> bool:
+    """Whether the store has no owner yet; raises if it has another."""
+    if owner is None:
+        return True
     if owner != identity.public_key:
         where = _store_directory(config) or f"the {config.store} store"
         raise ConfigError(
@@ -103,3 +107,4 @@ async def claim_store(store: Store, identity: Identity, config: NodeConfig) -> N
             f"(NodeConfig(identity=Identity.load(...)); a node configured without one keeps "
             f"its key in the store directory as {KEY_FILE}), or give this node a store of "
             "its own")
+    return False
