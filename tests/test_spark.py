@@ -85,9 +85,13 @@ async def write_chains(
                                                            plugins=plugins)) for d in dirs]
         for writer, name, count in plan:
             for i in range(count):
+                # A reopened store is the same node (the same author): command ids
+                # must not repeat across calls, so they follow the seq.
+                head = await nodes[writer].head(name)
+                seq = 0 if head is None else head.seq + 1
                 event = await nodes[writer].append_local(
                     criterion_key(name), f"{name}:{writer}:{i}:".encode() * 3,
-                    command=i if i % 3 else None,
+                    command=seq if seq % 3 else None,
                 )
                 written.append(event)
         for puller, source, name in pulls:
