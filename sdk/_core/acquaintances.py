@@ -86,11 +86,11 @@ class Acquaintances:
         tier[key] = (address, now, node_id)
         tier.move_to_end(key)
         while len(tier) > self.capacity:
-            dropped, (where, _, _) = tier.popitem(last=False)
+            oldest = next(iter(tier))
             if tier is self._claimed:
-                self._doubted.pop(dropped, None)
-                if self._claimants.get(where) == dropped:
-                    del self._claimants[where]
+                self._forget_claim(oldest)
+            else:
+                del tier[oldest]
 
     def _forget_claim(self, key: bytes) -> None:
         known = self._claimed.pop(key, None)

@@ -704,7 +704,6 @@ class Node:
         is at its bound and nothing can be delivered, and
         :class:`~ketten.errors.EventsDropped` (``overflow="drop"`` only).
         """
-        self._closing.check()
         return open_subscription(self._feeds, self.nursery, self._make_feed, criteria,
                                  delivery=delivery, start=start, options=options,
                                  head=self._synced_head, overflow=overflow)
